@@ -1,0 +1,88 @@
+# Optional backends, auto-detected. Each option defaults to ON when its backend is found and OFF
+# when it is not; asking for a backend that is absent warns and turns it off, never fails.
+#
+#   CHORUS_WITH_CUDA  CUDA toolkit (cudart; nvcc for tests/cuda/*.cu)  -> target chorus::cuda
+#   CHORUS_WITH_RDMA  libibverbs + <infiniband/verbs.h>                -> target chorus::rdma
+#
+# The backend targets add their library and the CHORUS_WITH_<X>=1 define on top of chorus::chorus,
+# so a program that does not ask for a backend never links it.
+
+include_guard(GLOBAL)
+include("${CMAKE_CURRENT_LIST_DIR}/chorusIbverbs.cmake")
+
+# ---- CUDA -----------------------------------------------------------------------------------------
+set(_chorus_cuda_found OFF)
+if(NOT DEFINED CHORUS_WITH_CUDA OR CHORUS_WITH_CUDA)
+  if(NOT DEFINED CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND NOT DEFINED ENV{CUDA_PATH}
+     AND EXISTS "/usr/local/cuda/bin/nvcc")
+    set(CUDAToolkit_ROOT "/usr/local/cuda")
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND AND TARGET CUDA::cudart)
+    set(_chorus_cuda_found ON)
+  endif()
+endif()
+option(CHORUS_WITH_CUDA "Build the CUDA parts (chorus::cuda, tests/cuda); auto-detected" ${_chorus_cuda_found})
+if(CHORUS_WITH_CUDA AND NOT _chorus_cuda_found)
+  message(WARNING "CHORUS_WITH_CUDA is ON but no CUDA toolkit was found: building without CUDA")
+  set(CHORUS_WITH_CUDA OFF)
+endif()
+
+# ---- RDMA (libibverbs) ----------------------------------------------------------------------------
+set(_chorus_rdma_found OFF)
+if(NOT DEFINED CHORUS_WITH_RDMA OR CHORUS_WITH_RDMA)
+  chorus_find_ibverbs(_chorus_rdma_found)
+endif()
+option(CHORUS_WITH_RDMA "Build the RDMA transport (chorus::rdma, libibverbs); auto-detected" ${_chorus_rdma_found})
+if(CHORUS_WITH_RDMA AND NOT _chorus_rdma_found)
+  message(WARNING "CHORUS_WITH_RDMA is ON but libibverbs or infiniband/verbs.h was not found: building without RDMA")
+  set(CHORUS_WITH_RDMA OFF)
+endif()
+
+# nvcc as the CUDA compiler, for directories that build .cu files (call at directory scope, before
+# adding CUDA targets). Sets CHORUS_CUDA_LANGUAGE to ON when the CUDA language is enabled.
+macro(chorus_enable_cuda_language)
+  set(CHORUS_CUDA_LANGUAGE OFF)
+  if(CHORUS_WITH_CUDA)
+    if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND CUDAToolkit_NVCC_EXECUTABLE)
+      set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+    endif()
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)   # A100, H100
+    endif()
+    include(CheckLanguage)
+    check_language(CUDA)
+    if(CMAKE_CUDA_COMPILER)
+      enable_language(CUDA)
+      set(CHORUS_CUDA_LANGUAGE ON)
+      # CMake 3.25 does not know nvcc's -std=c++20 (nvcc >= 12 has it): teach it here.
+      if(NOT "cuda_std_20" IN_LIST CMAKE_CUDA_COMPILE_FEATURES
+         AND CMAKE_CUDA_COMPILER_ID STREQUAL "NVIDIA" AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+        set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+        set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+        set(CMAKE_CUDA20_COMPILE_FEATURES cuda_std_20)
+        list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
+      endif()
+    else()
+      message(WARNING "CUDA toolkit found but no working nvcc: .cu files are not built")
+    endif()
+  endif()
+endmacro()
+
+# Defines chorus::cuda and chorus::rdma for the backends that are ON.
+function(chorus_define_backend_targets)
+  if(CHORUS_WITH_CUDA)
+    add_library(chorus_cuda INTERFACE)
+    add_library(chorus::cuda ALIAS chorus_cuda)
+    set_target_properties(chorus_cuda PROPERTIES EXPORT_NAME cuda)
+    target_link_libraries(chorus_cuda INTERFACE chorus CUDA::cudart)
+    target_compile_definitions(chorus_cuda INTERFACE CHORUS_WITH_CUDA=1)
+  endif()
+  if(CHORUS_WITH_RDMA)
+    add_library(chorus_rdma INTERFACE)
+    add_library(chorus::rdma ALIAS chorus_rdma)
+    set_target_properties(chorus_rdma PROPERTIES EXPORT_NAME rdma)
+    target_link_libraries(chorus_rdma INTERFACE chorus chorus::ibverbs)
+    target_compile_definitions(chorus_rdma INTERFACE CHORUS_WITH_RDMA=1)
+  endif()
+endfunction()
