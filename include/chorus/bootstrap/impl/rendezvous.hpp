@@ -1,0 +1,212 @@
+#pragma once
+/// Body of chorus::rendezvous() (declared in bootstrap/rendezvous.hpp).
+///
+/// Steps:
+///   1. Options::apply_env(); rank and world size from Options, else from the launcher
+///      (launch_env.hpp). Neither: invalid_argument.
+///   2. The store: Options::store, else from init_method:
+///        "" or "env://"     MASTER_ADDR (required) and MASTER_PORT (required): rank 0 serves a
+///                           TcpStore bound to MASTER_ADDR:MASTER_PORT, the others connect;
+///        "tcp://host:port"  the same with host and port from the URL (IPv6: tcp://[::1]:29500);
+///        "file:///path"     a FileStore on that path (a fresh path per job).
+///      TcpStores use Options::job_token for their handshake and Options::timeout as bound.
+///   3. The generation. One store may carry several rendezvous one after the other (two
+///      communicators created through the same MemoryStore; one file store used twice). Each
+///      rank counts its own rendezvous through the store: g = add("chorus/rank<r>/rendezvous", 1).
+///      Rendezvous are collective, so the g-th call of every rank belongs to the same
+///      communicator, and its keys live under "chorus/g<g>/". No rank waits on a counter that
+///      another communicator could move, and a fast rank that starts generation g+1 early just
+///      waits for rank 0 to get there. (A single global counter bumped by rank 0 would not do:
+///      the other ranks could not tell which value is theirs.) Ranks must call rendezvous on a
+///      shared store in the same order, and a reused file store must start empty.
+///   4. The nonce. Rank 0 draws 16 random bytes and publishes "chorus/g<g>/world_size" and then
+///      "chorus/g<g>/nonce" (hex); the others get the nonce (bounded by the timeout) and check
+///      that rank 0's world size is theirs (mismatch otherwise).
+///   5. The Bootstrap's store is PrefixStore("chorus/g<g>/comm/", store): transports publish their
+///      addresses there without colliding with other generations. Bootstrap::options has the
+///      resolved rank and world size and Options::store = the unprefixed store.
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "chorus/bootstrap/file_store.hpp"
+#include "chorus/bootstrap/launch_env.hpp"
+#include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/bootstrap/tcp_store.hpp"
+#include "chorus/detail/crypto.hpp"
+#include "chorus/detail/env.hpp"
+
+namespace chorus {
+namespace detail {
+
+/// Where the store is, from an init_method.
+struct InitMethod {
+  enum class Kind { tcp, file };
+  Kind kind = Kind::tcp;
+  std::string host;  ///< tcp: without brackets
+  std::uint16_t port = 0;
+  std::string path;  ///< file
+};
+
+/// Parses init_method; env:// reads MASTER_ADDR and MASTER_PORT through `getenv`.
+inline InitMethod parse_init_method(const std::string& method, const GetEnv& getenv) {
+  InitMethod m;
+  auto parse_port = [](const std::string& text, const std::string& what) {
+    return static_cast<std::uint16_t>(parse_int(text, what, 1, 65535));
+  };
+  if (method.empty() || method == "env://") {
+    auto addr = getenv("MASTER_ADDR");
+    if (!addr)
+      throw Error(ErrorCode::invalid_argument,
+                  "init_method env:// needs MASTER_ADDR (the address of rank 0's store) and MASTER_PORT; "
+                  "MASTER_ADDR is not set");
+    auto port = getenv("MASTER_PORT");
+    if (!port) throw Error(ErrorCode::invalid_argument, "init_method env:// needs MASTER_PORT; it is not set");
+    m.host = *addr;
+    if (m.host.size() >= 2 && m.host.front() == '[' && m.host.back() == ']') m.host = m.host.substr(1, m.host.size() - 2);
+    m.port = parse_port(*port, "MASTER_PORT");
+    return m;
+  }
+  constexpr std::string_view kTcp = "tcp://", kFile = "file://";
+  if (method.starts_with(kTcp)) {
+    const std::string rest = method.substr(kTcp.size());
+    std::string host, port;
+    if (!rest.empty() && rest.front() == '[') {
+      const auto close = rest.find(']');
+      if (close == std::string::npos || close + 1 >= rest.size() || rest[close + 1] != ':')
+        throw Error(ErrorCode::invalid_argument, "init_method '" + method + "': expected tcp://[ipv6]:port");
+      host = rest.substr(1, close - 1);
+      port = rest.substr(close + 2);
+    } else {
+      const auto colon = rest.rfind(':');
+      if (colon == std::string::npos)
+        throw Error(ErrorCode::invalid_argument, "init_method '" + method + "': expected tcp://host:port");
+      host = rest.substr(0, colon);
+      port = rest.substr(colon + 1);
+      if (host.find(':') != std::string::npos)
+        throw Error(ErrorCode::invalid_argument,
+                    "init_method '" + method + "': put an IPv6 address in brackets: tcp://[addr]:port");
+    }
+    if (host.empty()) throw Error(ErrorCode::invalid_argument, "init_method '" + method + "': empty host");
+    m.host = host;
+    m.port = parse_port(port, "the port of init_method '" + method + "'");
+    return m;
+  }
+  if (method.starts_with(kFile)) {
+    m.kind = InitMethod::Kind::file;
+    m.path = method.substr(kFile.size());
+    if (m.path.empty() || m.path.front() != '/')
+      throw Error(ErrorCode::invalid_argument,
+                  "init_method '" + method + "': expected file:///absolute/path (no host part)");
+    return m;
+  }
+  throw Error(ErrorCode::invalid_argument,
+              "init_method '" + method + "' is not env://, tcp://host:port or file:///path");
+}
+
+/// Rank and world size from Options (where set) and the launcher (for the rest).
+inline std::pair<int, int> resolve_rank_and_size(const Options& o, const GetEnv& getenv) {
+  int rank = o.rank;
+  int size = o.world_size;
+  if (rank < 0 || size < 0) {
+    if (auto l = detect_launch(getenv)) {
+      if (rank < 0) rank = l->rank;
+      if (size < 0) size = l->world_size;
+    }
+  }
+  if (rank < 0 || size < 0)
+    throw Error(ErrorCode::invalid_argument,
+                "rank and world size are unknown: set RANK and WORLD_SIZE, or launch with torchrun/mpirun/srun "
+                "(or set Options::rank and Options::world_size)");
+  if (size < 1 || rank >= size)
+    throw Error(ErrorCode::invalid_argument,
+                "rank " + std::to_string(rank) + " is out of range for world size " + std::to_string(size));
+  return {rank, size};
+}
+
+inline std::string nonce_to_hex(const JobNonce& n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s;
+  for (auto b : n) {
+    s += kDigits[b >> 4];
+    s += kDigits[b & 15];
+  }
+  return s;
+}
+
+inline JobNonce nonce_from_hex(const std::string& s, const ErrorContext& ctx) {
+  JobNonce n{};
+  auto digit = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw Error(ErrorCode::mismatch, ctx, "malformed job nonce in the store");
+  };
+  if (s.size() != 2 * n.size()) throw Error(ErrorCode::mismatch, ctx, "malformed job nonce in the store");
+  for (std::size_t i = 0; i < n.size(); ++i)
+    n[i] = static_cast<std::uint8_t>(digit(s[2 * i]) * 16 + digit(s[2 * i + 1]));
+  return n;
+}
+
+inline std::shared_ptr<Store> make_store(const Options& o, int rank) {
+  const auto m = parse_init_method(o.init_method, GetEnv(&env_string));
+  if (m.kind == InitMethod::Kind::file) return std::make_shared<FileStore>(m.path, o.timeout);
+  // CHORUS_AGENT_STORE=1: the launcher hosts the store (chorus::launch_local), rank 0 is a client.
+  bool agent_store = false;
+  if (auto v = env_string("CHORUS_AGENT_STORE")) {
+    if (*v != "0" && *v != "1")
+      throw Error(ErrorCode::invalid_argument, "CHORUS_AGENT_STORE='" + *v + "' is not 0 or 1");
+    agent_store = *v == "1";
+  }
+  return std::make_shared<TcpStore>(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
+}
+
+}  // namespace detail
+
+inline Bootstrap rendezvous(Options options) {
+  options.apply_env();
+  const auto [rank, size] = detail::resolve_rank_and_size(options, GetEnv(&detail::env_string));
+  ErrorContext ctx{rank, -1, "rendezvous"};
+  std::shared_ptr<Store> store = options.store ? options.store : detail::make_store(options, rank);
+
+  const std::int64_t gen = store->add("chorus/rank" + std::to_string(rank) + "/rendezvous", 1);
+  const std::string prefix = "chorus/g" + std::to_string(gen) + "/";
+  ctx.op = "rendezvous (generation " + std::to_string(gen) + ")";
+
+  JobNonce nonce{};
+  if (rank == 0) {
+    detail::random_bytes(nonce);
+    store->set(prefix + "world_size", std::to_string(size));
+    store->set(prefix + "nonce", detail::nonce_to_hex(nonce));  // last: its presence means all is set
+  } else {
+    std::string hex;
+    try {
+      hex = store->get(prefix + "nonce", options.timeout);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::timeout) throw;
+      throw Error(ErrorCode::timeout, ctx,
+                  "rank 0 did not publish the job nonce within " + std::to_string(options.timeout.count()) +
+                      " ms: is rank 0 running with the same store, and do all ranks create communicators in the "
+                      "same order? (" + e.what() + ")");
+    }
+    nonce = detail::nonce_from_hex(hex, ctx);
+    const std::string root_size = store->get(prefix + "world_size", options.timeout);
+    if (root_size != std::to_string(size))
+      throw Error(ErrorCode::mismatch, ctx,
+                  "world size " + std::to_string(size) + " here but " + root_size + " on rank 0");
+  }
+  detail::log(detail::LogLevel::info, rank, "rendezvous: generation ", gen, ", world size ", size);
+
+  Bootstrap b;
+  b.rank = rank;
+  b.size = size;
+  b.store = std::make_shared<PrefixStore>(prefix + "comm/", store);
+  options.rank = rank;
+  options.world_size = size;
+  options.store = store;
+  b.options = std::move(options);
+  b.nonce = nonce;
+  return b;
+}
+
+}  // namespace chorus

@@ -1,0 +1,34 @@
+#pragma once
+/// Rendezvous: from Options (and the environment) to a Bootstrap: this rank, the world size, a
+/// store every rank shares, and the job's random nonce that rank 0 publishes through the store.
+/// Transports open their links from a Bootstrap (each publishes its listen address in the store).
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "chorus/bootstrap/store.hpp"
+#include "chorus/options.hpp"
+
+namespace chorus {
+
+using JobNonce = std::array<std::uint8_t, 16>;
+
+struct Bootstrap {
+  int rank = -1;
+  int size = -1;
+  std::shared_ptr<Store> store;  ///< already prefixed for this communicator
+  Options options;
+  JobNonce nonce{};              ///< the same on every rank of the job; carried in link handshakes
+};
+
+/// Resolves rank and world size (Options, else RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_*, SLURM_*),
+/// builds the store from Options::store or Options::init_method (env://, tcp://, file://), and
+/// agrees on the job nonce. Throws invalid_argument with a clear message when something is
+/// missing; timeout when the store cannot be reached in time.
+Bootstrap rendezvous(Options options);
+
+}  // namespace chorus
+
+#include "chorus/bootstrap/impl/rendezvous.hpp"

@@ -1,0 +1,339 @@
+// rendezvous(): rank and size resolution, stores from init_method, nonce agreement, generations.
+#include "chorus/bootstrap/rendezvous.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using chorus::Bootstrap;
+using chorus::Error;
+using chorus::ErrorCode;
+using chorus::Options;
+
+namespace {
+
+void run_threads(int n, const std::function<void(int)>& f) {
+  std::vector<std::thread> ts;
+  std::mutex mu;
+  std::exception_ptr first;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      try {
+        f(i);
+      } catch (...) {
+        std::lock_guard lk(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+/// Sets (or unsets, with nullopt) variables for one scope; restores them after. Tests that use it
+/// run their ranks only after setting, so no thread reads the environment while it changes.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, std::optional<std::string>>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+      if (value) ::setenv(name, value->c_str(), 1);
+      else ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      else ::unsetenv(it->first.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+/// No launcher, no master, no CHORUS_* overrides.
+ScopedEnv* clean_env() {
+  return new ScopedEnv({{"RANK", {}},
+                        {"WORLD_SIZE", {}},
+                        {"OMPI_COMM_WORLD_RANK", {}},
+                        {"OMPI_COMM_WORLD_SIZE", {}},
+                        {"PMI_RANK", {}},
+                        {"PMI_SIZE", {}},
+                        {"SLURM_PROCID", {}},
+                        {"SLURM_NTASKS", {}},
+                        {"MASTER_ADDR", {}},
+                        {"MASTER_PORT", {}},
+                        {"CHORUS_TIMEOUT", {}},
+                        {"CHORUS_JOB_TOKEN", {}}});
+}
+
+std::uint16_t free_port() {
+  namespace asio = chorus::detail::asio;
+  asio::io_context io;
+  chorus::detail::asio_tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+/// All ranks rendezvous with options made by `make(rank)`; returns the Bootstraps.
+std::vector<Bootstrap> rendezvous_all(int n, const std::function<Options(int)>& make) {
+  std::vector<Bootstrap> out(n);
+  run_threads(n, [&](int r) { out[r] = chorus::rendezvous(make(r)); });
+  return out;
+}
+
+void check_agreement(const std::vector<Bootstrap>& bs) {
+  const int n = static_cast<int>(bs.size());
+  for (int r = 0; r < n; ++r) {
+    CHECK(bs[r].rank == r);
+    CHECK(bs[r].size == n);
+    CHECK(bs[r].options.rank == r);
+    CHECK(bs[r].options.world_size == n);
+    CHECK(bs[r].nonce == bs[0].nonce);
+    REQUIRE(bs[r].store);
+  }
+  CHECK(bs[0].nonce != chorus::JobNonce{});
+  // The prefixed stores are one namespace: what rank 0 sets, everyone sees.
+  bs[0].store->set("hello", "from 0");
+  for (const auto& b : bs) CHECK(b.store->get("hello", 5s) == "from 0");
+}
+
+std::string error_text(const std::function<void()>& f, ErrorCode want) {
+  try {
+    f();
+  } catch (const Error& e) {
+    CHECK(e.code() == want);
+    return e.what();
+  }
+  FAIL("no error");
+  return {};
+}
+
+Options with_rank(int rank, int size, std::shared_ptr<chorus::Store> store = {}) {
+  Options o;
+  o.rank = rank;
+  o.world_size = size;
+  o.store = std::move(store);
+  o.timeout = 10s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("rendezvous over a MemoryStore: one nonce per job") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  for (int n : {1, 2, 5}) {
+    auto store = std::make_shared<chorus::MemoryStore>();
+    auto bs = rendezvous_all(n, [&](int r) { return with_rank(r, n, store); });
+    check_agreement(bs);
+  }
+  auto job1 = rendezvous_all(3, [s = std::make_shared<chorus::MemoryStore>()](int r) { return with_rank(r, 3, s); });
+  auto job2 = rendezvous_all(3, [s = std::make_shared<chorus::MemoryStore>()](int r) { return with_rank(r, 3, s); });
+  CHECK(job1[0].nonce != job2[0].nonce);
+}
+
+TEST_CASE("sequential rendezvous through one store do not collide") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  auto store = std::make_shared<chorus::MemoryStore>();
+  constexpr int n = 4;
+  auto first = rendezvous_all(n, [&](int r) { return with_rank(r, n, store); });
+  check_agreement(first);
+  first[0].store->set("only-in-first", "1");
+  auto second = rendezvous_all(n, [&](int r) { return with_rank(r, n, store); });
+  check_agreement(second);
+  CHECK(first[0].nonce != second[0].nonce);
+  CHECK_FALSE(second[1].store->check({"only-in-first"}));
+  CHECK(second[1].store->get("hello", 1s) == "from 0");
+  CHECK(first[1].store->check({"only-in-first"}));
+
+  // Ranks running ahead: each rank does three rendezvous back to back, without waiting for the
+  // others between them; the k-th of every rank still meet.
+  std::vector<std::vector<Bootstrap>> per_rank(n);
+  run_threads(n, [&](int r) {
+    for (int k = 0; k < 3; ++k) per_rank[r].push_back(chorus::rendezvous(with_rank(r, n, store)));
+  });
+  for (int k = 0; k < 3; ++k)
+    for (int r = 1; r < n; ++r) CHECK(per_rank[r][k].nonce == per_rank[0][k].nonce);
+  CHECK(per_rank[0][0].nonce != per_rank[0][1].nonce);
+  CHECK(per_rank[0][1].nonce != per_rank[0][2].nonce);
+}
+
+TEST_CASE("rendezvous over tcp://host:port") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  constexpr int n = 3;
+  const auto port = free_port();
+  auto bs = rendezvous_all(n, [&](int r) {
+    Options o = with_rank(r, n);
+    o.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+    return o;
+  });
+  check_agreement(bs);
+  auto* server = dynamic_cast<chorus::TcpStore*>(bs[0].options.store.get());
+  REQUIRE(server);
+  CHECK(server->is_server());
+  CHECK(server->port() == port);
+  CHECK_FALSE(dynamic_cast<chorus::TcpStore*>(bs[1].options.store.get())->is_server());
+}
+
+TEST_CASE("rendezvous over tcp with a job token") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  const auto port = free_port();
+  auto bs = rendezvous_all(2, [&](int r) {
+    Options o = with_rank(r, 2);
+    o.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+    o.job_token = "s3cret";
+    return o;
+  });
+  check_agreement(bs);
+}
+
+TEST_CASE("rendezvous over tcp://[::1]:port") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  try {
+    chorus::TcpStore probe("::1", 0, true, 2s);
+  } catch (const Error& e) {
+    MESSAGE("IPv6 loopback not available, skipped: " << e.what());
+    return;
+  }
+  const auto port = free_port();  // an IPv4 probe; the same number is very likely free on ::1 too
+  auto bs = rendezvous_all(2, [&](int r) {
+    Options o = with_rank(r, 2);
+    o.init_method = "tcp://[::1]:" + std::to_string(port);
+    return o;
+  });
+  check_agreement(bs);
+}
+
+TEST_CASE("rendezvous over env:// (MASTER_ADDR, MASTER_PORT)") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  const auto port = free_port();
+  ScopedEnv master({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}});
+  auto bs = rendezvous_all(3, [&](int r) {
+    Options o = with_rank(r, 3);
+    o.init_method = r == 1 ? "env://" : "";  // both mean env://
+    return o;
+  });
+  check_agreement(bs);
+}
+
+TEST_CASE("rendezvous over file://") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  std::string dir = (std::filesystem::temp_directory_path() / "chorus-rdv-XXXXXX").string();
+  REQUIRE(::mkdtemp(dir.data()) != nullptr);
+  {
+    auto bs = rendezvous_all(3, [&](int r) {
+      Options o = with_rank(r, 3);
+      o.init_method = "file://" + dir + "/store";
+      return o;
+    });
+    check_agreement(bs);
+    // A second communicator through the same file: generation 2.
+    auto again = rendezvous_all(3, [&](int r) {
+      Options o = with_rank(r, 3);
+      o.init_method = "file://" + dir + "/store";
+      return o;
+    });
+    check_agreement(again);
+    CHECK(again[0].nonce != bs[0].nonce);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("rank and world size from the launcher's variables") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  ScopedEnv launch({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  Options o;
+  o.store = std::make_shared<chorus::MemoryStore>();
+  auto b = chorus::rendezvous(o);
+  CHECK(b.rank == 0);
+  CHECK(b.size == 1);
+  // Options win over the environment.
+  auto store = std::make_shared<chorus::MemoryStore>();
+  auto bs = rendezvous_all(2, [&](int r) { return with_rank(r, 2, store); });
+  CHECK(bs[1].rank == 1);
+  CHECK(bs[1].size == 2);
+}
+
+TEST_CASE("missing or bad settings give clear errors") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  auto mem = std::make_shared<chorus::MemoryStore>();
+
+  Options none;
+  none.store = mem;
+  auto what = error_text([&] { chorus::rendezvous(none); }, ErrorCode::invalid_argument);
+  CHECK(what.find("set RANK and WORLD_SIZE, or launch with torchrun/mpirun/srun") != std::string::npos);
+
+  what = error_text([&] { chorus::rendezvous(with_rank(3, 2, mem)); }, ErrorCode::invalid_argument);
+  CHECK(what.find("out of range") != std::string::npos);
+
+  Options o = with_rank(0, 1);
+  what = error_text([&] { chorus::rendezvous(o); }, ErrorCode::invalid_argument);  // env://, nothing set
+  CHECK(what.find("MASTER_ADDR") != std::string::npos);
+  {
+    ScopedEnv addr({{"MASTER_ADDR", "127.0.0.1"}});
+    what = error_text([&] { chorus::rendezvous(o); }, ErrorCode::invalid_argument);
+    CHECK(what.find("MASTER_PORT") != std::string::npos);
+    ScopedEnv port({{"MASTER_PORT", "http"}});
+    what = error_text([&] { chorus::rendezvous(o); }, ErrorCode::invalid_argument);
+    CHECK(what.find("MASTER_PORT='http'") != std::string::npos);
+  }
+  for (const char* bad : {"foo://x", "tcp://127.0.0.1", "tcp://:29500", "tcp://127.0.0.1:0", "tcp://127.0.0.1:70000",
+                          "tcp://::1:29500", "tcp://[::1]29500", "file://relative/path", "file://"}) {
+    o.init_method = bad;
+    what = error_text([&] { chorus::rendezvous(o); }, ErrorCode::invalid_argument);
+    CHECK_MESSAGE(what.find(bad) != std::string::npos, what);
+  }
+  {
+    ScopedEnv t({{"CHORUS_TIMEOUT", "soon"}});
+    what = error_text([&] { chorus::rendezvous(with_rank(0, 1, mem)); }, ErrorCode::invalid_argument);
+    CHECK(what.find("CHORUS_TIMEOUT") != std::string::npos);
+  }
+}
+
+TEST_CASE("parse_init_method") {
+  auto env = [](std::map<std::string, std::string> vars) -> chorus::GetEnv {
+    return [vars](const char* name) -> std::optional<std::string> {
+      auto it = vars.find(name);
+      if (it == vars.end()) return std::nullopt;
+      return it->second;
+    };
+  };
+  auto m = chorus::detail::parse_init_method("tcp://node-1.example:29500", env({}));
+  CHECK(m.kind == chorus::detail::InitMethod::Kind::tcp);
+  CHECK(m.host == "node-1.example");
+  CHECK(m.port == 29500);
+  m = chorus::detail::parse_init_method("tcp://[fe80::1]:1234", env({}));
+  CHECK(m.host == "fe80::1");
+  CHECK(m.port == 1234);
+  m = chorus::detail::parse_init_method("env://", env({{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29400"}}));
+  CHECK(m.host == "10.0.0.1");
+  CHECK(m.port == 29400);
+  m = chorus::detail::parse_init_method("", env({{"MASTER_ADDR", "[::1]"}, {"MASTER_PORT", "5"}}));
+  CHECK(m.host == "::1");
+  m = chorus::detail::parse_init_method("file:///shared/job/store", env({}));
+  CHECK(m.kind == chorus::detail::InitMethod::Kind::file);
+  CHECK(m.path == "/shared/job/store");
+}
+
+TEST_CASE("ranks that disagree on the world size, and a missing rank 0") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  auto store = std::make_shared<chorus::MemoryStore>();
+  chorus::rendezvous(with_rank(0, 2, store));
+  auto what = error_text([&] { chorus::rendezvous(with_rank(1, 3, store)); }, ErrorCode::mismatch);
+  CHECK(what.find("world size 3 here but 2 on rank 0") != std::string::npos);
+
+  Options lonely = with_rank(1, 2, std::make_shared<chorus::MemoryStore>());
+  lonely.timeout = 100ms;
+  what = error_text([&] { chorus::rendezvous(lonely); }, ErrorCode::timeout);
+  CHECK(what.find("rank 0 did not publish the job nonce") != std::string::npos);
+}
