@@ -1,0 +1,39 @@
+#pragma once
+/// The one include a user needs.
+///
+///   #include <chorus/chorus.hpp>
+///   int main() {
+///     auto comm = chorus::init();          // rank, size, store from the environment
+///     std::vector<float> grad(1 << 20);
+///     comm.barrier();
+///   }
+
+#include "chorus/config.hpp"
+#include "chorus/core/buffer.hpp"
+#include "chorus/core/concepts.hpp"
+#include "chorus/core/error.hpp"
+#include "chorus/core/request.hpp"
+#include "chorus/core/types.hpp"
+#include "chorus/options.hpp"
+#include "chorus/bootstrap/store.hpp"
+#include "chorus/bootstrap/file_store.hpp"
+#include "chorus/bootstrap/tcp_store.hpp"
+#include "chorus/bootstrap/launch_env.hpp"
+#include "chorus/bootstrap/local_launch.hpp"
+#include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/transport/inproc/transport.hpp"
+#include "chorus/transport/tcp/transport.hpp"
+#include "chorus/communicator.hpp"
+
+namespace chorus {
+
+/// The transport chorus::init() uses. Today every peer is reached over tcp; the shm, rdma and
+/// cuda_ipc transports will make it pick per peer.
+using DefaultTransport = tcp::Transport;
+
+/// Creates the communicator the environment describes (see docs/environment.md).
+inline Communicator<DefaultTransport> init(Options options = Options::from_env()) {
+  return Communicator<DefaultTransport>::create(std::move(options));
+}
+
+}  // namespace chorus

@@ -1,0 +1,33 @@
+#pragma once
+/// Byte ranges as links see them, with the kind of memory they live in. Host memory is all the
+/// tcp and shm transports take; rdma and cuda_ipc also take device memory (see docs/design.md).
+
+#include <cstddef>
+#include <span>
+
+namespace chorus {
+
+enum class MemoryKind { host, device };
+
+struct ConstBytes {
+  const std::byte* data = nullptr;
+  std::size_t size = 0;
+  MemoryKind kind = MemoryKind::host;
+};
+
+struct MutableBytes {
+  std::byte* data = nullptr;
+  std::size_t size = 0;
+  MemoryKind kind = MemoryKind::host;
+};
+
+template <class T>
+ConstBytes as_bytes(std::span<const T> s, MemoryKind k = MemoryKind::host) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size_bytes(), k};
+}
+template <class T>
+MutableBytes as_writable_bytes(std::span<T> s, MemoryKind k = MemoryKind::host) {
+  return {reinterpret_cast<std::byte*>(s.data()), s.size_bytes(), k};
+}
+
+}  // namespace chorus

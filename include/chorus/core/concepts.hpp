@@ -1,0 +1,57 @@
+#pragma once
+/// The contracts between layers, as concepts, with their requirements in one place.
+///
+/// Link<L> — moves bytes between this rank and one peer, both ways at once.
+/// | expression          | type    | contract                                                        |
+/// |---------------------|---------|-----------------------------------------------------------------|
+/// | l.peer()            | int     | the peer's rank                                                 |
+/// | l.isend(bytes, tag) | Request | starts sending; the range must stay valid until completion      |
+/// | l.irecv(bytes, tag) | Request | starts receiving exactly bytes.size bytes sent with that tag    |
+/// Messages with the same tag are matched in posting order on both sides; different tags are
+/// independent (a receive for tag B completes even if a message for tag A waits unmatched).
+/// Completion is driven by the transport's progress engine, never by the caller polling.
+/// A broken link fails every pending and later operation on it with peer_failure.
+///
+/// Transport<T> — the links of one communicator, created from a Bootstrap.
+/// | expression            | type           | contract                                           |
+/// |-----------------------|----------------|----------------------------------------------------|
+/// | T::kName              | string_view    | "inproc", "tcp", ...                               |
+/// | T(bootstrap)          |                | opens a link to every peer, bounded by the timeout |
+/// | t.rank(), t.size()    | int            |                                                    |
+/// | t.link(peer)          | Link&          | peer != rank                                       |
+/// | t.abort(error)        | void           | fails everything pending and later, closes links   |
+/// Destroying a transport never blocks beyond a short bounded shutdown.
+
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+
+#include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/core/buffer.hpp"
+#include "chorus/core/error.hpp"
+#include "chorus/core/request.hpp"
+
+namespace chorus {
+
+/// Tags on links are 64-bit: the communicator puts its context id and an internal/user bit
+/// above the user's 31-bit tag so sub-communicators and collectives never see user messages.
+using Tag = std::uint64_t;
+
+template <class L>
+concept Link = requires(L& l, ConstBytes in, MutableBytes out, Tag tag) {
+  { l.peer() } -> std::convertible_to<int>;
+  { l.isend(in, tag) } -> std::same_as<Request>;
+  { l.irecv(out, tag) } -> std::same_as<Request>;
+};
+
+template <class T>
+concept Transport = std::constructible_from<T, const Bootstrap&> &&
+                    requires(T& t, const T& ct, int peer, const Error& e) {
+                      { T::kName } -> std::convertible_to<std::string_view>;
+                      { ct.rank() } -> std::convertible_to<int>;
+                      { ct.size() } -> std::convertible_to<int>;
+                      { t.link(peer) } -> Link;
+                      { t.abort(e) };
+                    };
+
+}  // namespace chorus

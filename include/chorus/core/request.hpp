@@ -1,0 +1,137 @@
+#pragma once
+/// Request: the handle of an operation in flight (isend, irecv, *_async collectives).
+/// wait() blocks until it completes, bounded by the communicator's timeout; test() polls.
+/// A failed operation rethrows its chorus::Error from wait() or test().
+///
+///   chorus::Request r = comm.irecv(std::span(buf), /*peer=*/1, /*tag=*/0);
+///   ... overlap work ...
+///   r.wait();
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "chorus/core/error.hpp"
+
+namespace chorus {
+namespace detail {
+
+/// Shared between the poster (who waits) and the progress engine (who completes).
+/// Lock order: a link's lock may be held while calling complete()/fail(); the reverse never.
+class RequestState {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  RequestState(ErrorContext ctx, std::chrono::milliseconds timeout) : ctx_(std::move(ctx)), timeout_(timeout) {}
+
+  /// Marks success with the number of bytes moved. The first of complete()/fail() wins.
+  void complete(std::size_t bytes = 0) {
+    std::function<void()> then;
+    {
+      std::lock_guard lk(mu_);
+      if (done_) return;
+      done_ = true;
+      bytes_ = bytes;
+      then = std::move(then_);
+    }
+    cv_.notify_all();
+    if (then) then();
+  }
+  void fail(std::exception_ptr e) {
+    std::function<void()> then;
+    {
+      std::lock_guard lk(mu_);
+      if (done_) return;
+      done_ = true;
+      error_ = std::move(e);
+      then = std::move(then_);
+    }
+    cv_.notify_all();
+    if (then) then();
+  }
+  void fail(ErrorCode code, const std::string& msg) { fail(std::make_exception_ptr(Error(code, ctx_, msg))); }
+
+  bool done() const {
+    std::lock_guard lk(mu_);
+    return done_;
+  }
+  bool test() {
+    std::lock_guard lk(mu_);
+    if (done_ && error_) std::rethrow_exception(error_);
+    return done_;
+  }
+  /// Waits until done or until the timeout; on timeout runs the on-timeout hook (the transport
+  /// aborts, so the buffer is never written after wait() has thrown) and throws timeout.
+  void wait() {
+    {
+      std::unique_lock lk(mu_);
+      if (!cv_.wait_for(lk, timeout_, [&] { return done_; })) {
+        lk.unlock();
+        auto hook = on_timeout_;
+        Error e(ErrorCode::timeout, ctx_,
+                "did not complete within " + std::to_string(timeout_.count()) + " ms (CHORUS_TIMEOUT)");
+        if (hook) hook(e);
+        throw e;
+      }
+      if (error_) std::rethrow_exception(error_);
+    }
+  }
+  std::size_t bytes() const {
+    std::lock_guard lk(mu_);
+    return bytes_;
+  }
+  const ErrorContext& context() const { return ctx_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// Called (without locks) once the request is done; runs at once when it already is.
+  void then(std::function<void()> f) {
+    {
+      std::lock_guard lk(mu_);
+      if (!done_) {
+        then_ = std::move(f);
+        return;
+      }
+    }
+    f();
+  }
+  void set_on_timeout(std::function<void(const Error&)> f) { on_timeout_ = std::move(f); }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::size_t bytes_ = 0;
+  std::exception_ptr error_;
+  std::function<void()> then_;
+  std::function<void(const Error&)> on_timeout_;
+  ErrorContext ctx_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace detail
+
+class Request {
+ public:
+  Request() = default;
+  explicit Request(std::shared_ptr<detail::RequestState> s) : s_(std::move(s)) {}
+
+  /// Blocks until the operation completes; throws its error, or timeout.
+  void wait() {
+    if (s_) s_->wait();
+  }
+  /// True when complete; throws the operation's error if it failed. Never blocks.
+  bool test() { return !s_ || s_->test(); }
+  /// Bytes moved (for irecv: bytes received).
+  std::size_t bytes() const { return s_ ? s_->bytes() : 0; }
+  bool valid() const { return s_ != nullptr; }
+  const std::shared_ptr<detail::RequestState>& state() const { return s_; }
+
+ private:
+  std::shared_ptr<detail::RequestState> s_;
+};
+
+}  // namespace chorus

@@ -1,0 +1,161 @@
+#pragma once
+/// inproc::Link: a peer that is another thread of this process. Messages of up to kEagerBytes are
+/// copied at send time (the send completes at once); larger ones wait for the receive and are
+/// copied once, straight into the receiver's buffer.
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "chorus/core/concepts.hpp"
+#include "chorus/transport/matching.hpp"
+
+namespace chorus::inproc {
+
+struct Policy {
+  static constexpr std::size_t kEagerBytes = 64 * 1024;
+};
+
+namespace detail {
+
+using chorus::detail::RequestState;
+using ReqPtr = std::shared_ptr<RequestState>;
+
+struct RecvOp {
+  MutableBytes dst;
+  ReqPtr req;
+};
+struct EagerArrival {
+  std::vector<std::byte> data;
+};
+struct RendezvousArrival {
+  ConstBytes src;
+  ReqPtr send_req;
+};
+using Arrival = std::variant<EagerArrival, RendezvousArrival>;
+
+/// The messages from one rank to another. Completions are collected under the lock and run after
+/// it is released, so a completion callback may post new operations.
+struct Mailbox {
+  std::mutex mu;
+  chorus::detail::TagMatcher<RecvOp, Arrival> matcher;
+  bool broken = false;
+  std::string broken_reason;
+};
+
+/// Deferred completions: run once the mailbox lock is released.
+class Completions {
+ public:
+  void ok(ReqPtr r, std::size_t n) { done_.push_back({std::move(r), n, ErrorCode::system, {}, false}); }
+  void fail(ReqPtr r, ErrorCode c, std::string msg) { done_.push_back({std::move(r), 0, c, std::move(msg), true}); }
+  ~Completions() {
+    for (auto& d : done_) {
+      if (d.failed)
+        d.req->fail(d.code, d.msg);
+      else
+        d.req->complete(d.bytes);
+    }
+  }
+
+ private:
+  struct Done {
+    ReqPtr req;
+    std::size_t bytes;
+    ErrorCode code;
+    std::string msg;
+    bool failed;
+  };
+  std::vector<Done> done_;
+};
+
+inline std::string size_mismatch(std::size_t sent, std::size_t posted) {
+  return "message of " + std::to_string(sent) + " bytes does not fit the posted receive of " +
+         std::to_string(posted) + " bytes (sizes must match)";
+}
+
+/// Delivers an arrival into a receive; both sizes must match.
+inline void deliver(Arrival& a, RecvOp& r, Completions& done) {
+  if (auto* e = std::get_if<EagerArrival>(&a)) {
+    if (e->data.size() != r.dst.size) return done.fail(r.req, ErrorCode::mismatch, size_mismatch(e->data.size(), r.dst.size));
+    if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
+    return done.ok(r.req, e->data.size());
+  }
+  auto& z = std::get<RendezvousArrival>(a);
+  if (z.src.size != r.dst.size) {
+    done.fail(z.send_req, ErrorCode::mismatch, size_mismatch(z.src.size, r.dst.size));
+    return done.fail(r.req, ErrorCode::mismatch, size_mismatch(z.src.size, r.dst.size));
+  }
+  std::memcpy(r.dst.data, z.src.data, z.src.size);
+  done.ok(z.send_req, z.src.size);
+  done.ok(r.req, z.src.size);
+}
+
+}  // namespace detail
+
+class Link {
+ public:
+  using TimeoutHook = std::function<void(const Error&)>;
+
+  /// `out`: this rank's messages to the peer; `in`: the peer's messages to this rank.
+  Link(int rank, int peer, detail::Mailbox* out, detail::Mailbox* in, std::chrono::milliseconds timeout,
+       TimeoutHook on_timeout)
+      : rank_(rank), peer_(peer), out_(out), in_(in), timeout_(timeout), on_timeout_(std::move(on_timeout)) {}
+
+  int peer() const { return peer_; }
+
+  Request isend(ConstBytes data, Tag tag) {
+    auto req = make_request("send", tag, data.size);
+    detail::Completions done;
+    std::lock_guard lk(out_->mu);
+    if (out_->broken) {
+      done.fail(req, ErrorCode::peer_failure, out_->broken_reason);
+      return Request(req);
+    }
+    if (auto r = out_->matcher.take_posted(tag)) {
+      detail::Arrival a = detail::RendezvousArrival{data, req};
+      detail::deliver(a, *r, done);
+    } else if (data.size <= Policy::kEagerBytes) {
+      detail::EagerArrival e{std::vector<std::byte>(data.data, data.data + data.size)};
+      out_->matcher.add_unexpected(tag, std::move(e));
+      done.ok(req, data.size);
+    } else {
+      out_->matcher.add_unexpected(tag, detail::RendezvousArrival{data, req});
+    }
+    return Request(req);
+  }
+
+  Request irecv(MutableBytes data, Tag tag) {
+    auto req = make_request("recv", tag, data.size);
+    detail::Completions done;
+    std::lock_guard lk(in_->mu);
+    detail::RecvOp r{data, req};
+    if (auto a = in_->matcher.take_unexpected(tag)) {
+      detail::deliver(*a, r, done);
+    } else if (in_->broken) {
+      done.fail(req, ErrorCode::peer_failure, in_->broken_reason);
+    } else {
+      in_->matcher.add_posted(tag, std::move(r));
+    }
+    return Request(req);
+  }
+
+ private:
+  detail::ReqPtr make_request(const char* verb, Tag tag, std::size_t bytes) {
+    auto req = std::make_shared<detail::RequestState>(
+        ErrorContext{rank_, peer_, chorus::detail::describe_op(verb, tag, bytes)}, timeout_);
+    req->set_on_timeout(on_timeout_);
+    return req;
+  }
+
+  int rank_;
+  int peer_;
+  detail::Mailbox* out_;
+  detail::Mailbox* in_;
+  std::chrono::milliseconds timeout_;
+  TimeoutHook on_timeout_;
+};
+
+}  // namespace chorus::inproc

@@ -1,0 +1,93 @@
+#pragma once
+/// Socket-level details of the tcp transport: which address to listen on, and socket options.
+
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <optional>
+#include <string>
+
+#include "chorus/core/error.hpp"
+#include "chorus/detail/asio.hpp"
+#include "chorus/detail/env.hpp"
+#include "chorus/options.hpp"
+
+namespace chorus::tcp::detail {
+
+namespace asio = chorus::detail::asio;
+using chorus::detail::asio_tcp;
+
+/// The first address of interface `ifname` (IPv4 preferred), or invalid_argument.
+inline asio::ip::address interface_address(const std::string& ifname) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) throw chorus::detail::system_error({}, "getifaddrs");
+  std::optional<asio::ip::address> v4, v6;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || ifname != a->ifa_name) continue;
+    if (a->ifa_addr->sa_family == AF_INET && !v4) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+      v4 = asio::ip::address_v4(ntohl(in->sin_addr.s_addr));
+    } else if (a->ifa_addr->sa_family == AF_INET6 && !v6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
+      asio::ip::address_v6::bytes_type b;
+      std::memcpy(b.data(), &in6->sin6_addr, b.size());
+      v6 = asio::ip::address_v6(b, in6->sin6_scope_id);
+    }
+  }
+  ::freeifaddrs(list);
+  if (v4) return *v4;
+  if (v6) return *v6;
+  throw Error(ErrorCode::invalid_argument,
+              "CHORUS_SOCKET_IFNAME='" + ifname + "': no interface of that name with an IP address");
+}
+
+/// The host ranks rendezvous at: from tcp://host:port, else MASTER_ADDR; nullopt when neither.
+inline std::optional<std::string> master_host(const Options& o) {
+  std::string m = o.init_method;
+  if (m.rfind("tcp://", 0) == 0) {
+    std::string hp = m.substr(6);
+    if (!hp.empty() && hp[0] == '[') return hp.substr(1, hp.find(']') - 1);
+    return hp.substr(0, hp.rfind(':'));
+  }
+  if (m.empty() || m == "env://") return chorus::detail::env_string("MASTER_ADDR");
+  return std::nullopt;
+}
+
+/// The address this rank's links listen on: CHORUS_SOCKET_IFNAME's address if set; else the local
+/// address that routes to the master host (a UDP connect sends nothing, it only picks a route);
+/// else loopback. Listening on one address, never on all of them.
+inline asio::ip::address listen_address(const Options& o) {
+  if (!o.socket_ifname.empty()) return interface_address(o.socket_ifname);
+  auto host = master_host(o);
+  if (!host) return asio::ip::address_v4::loopback();
+  asio::io_context io;
+  asio_tcp::resolver res(io);
+  boost::system::error_code ec;
+  auto results = res.resolve(*host, "0", ec);
+  if (ec || results.empty())
+    throw Error(ErrorCode::invalid_argument, "cannot resolve the master host '" + *host + "': " + ec.message());
+  const auto target = results.begin()->endpoint().address();
+  if (target.is_loopback()) return target;
+  asio::ip::udp::socket probe(io);
+  probe.connect(asio::ip::udp::endpoint(target, 9), ec);
+  if (ec) throw Error(ErrorCode::system, "no route to the master host '" + *host + "': " + ec.message());
+  return probe.local_endpoint().address();
+}
+
+/// Options every link socket gets: no Nagle delay, and keepalive plus a user timeout so a host
+/// that vanishes without closing (cable, power) is noticed in seconds, not at the job timeout.
+inline void tune_socket(asio_tcp::socket& s) {
+  s.set_option(asio_tcp::no_delay(true));
+  s.set_option(asio::socket_base::keep_alive(true));
+  const int fd = s.native_handle();
+  int idle = 10, intvl = 2, cnt = 5, user_timeout_ms = 20000;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+}
+
+}  // namespace chorus::tcp::detail

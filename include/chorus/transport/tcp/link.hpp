@@ -1,0 +1,344 @@
+#pragma once
+/// tcp::Link: one full-duplex TCP connection to a peer, driven by the transport's progress thread.
+///
+/// Wire protocol (frames of a fixed 32-byte header, optionally followed by a payload):
+/// | type  | header fields      | payload | meaning                                              |
+/// |-------|--------------------|---------|------------------------------------------------------|
+/// | eager | tag, size          | size B  | a small message (size <= Policy::kEagerBytes)        |
+/// | rts   | tag, size, id      | none    | "ready to send" a large message                      |
+/// | cts   | id, size, flags    | none    | "clear to send": the receive is posted (or rejected) |
+/// | data  | id, size           | size B  | the large message, straight into the posted buffer   |
+/// Large messages therefore never need a buffer on the receiver: memory stays bounded whatever
+/// the message size. Unexpected eager messages are buffered up to Policy::kMaxUnexpectedBytes;
+/// past that the link stops reading (TCP flow control holds the sender) until receives drain it.
+/// Every header from the network is checked (type, sizes, ids) before it is used; a bad one
+/// breaks the link with peer_failure.
+///
+/// Threading: isend/irecv may be called from any thread; they post to the progress thread, which
+/// alone touches the socket and the matching state.
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "chorus/core/concepts.hpp"
+#include "chorus/detail/asio.hpp"
+#include "chorus/detail/log.hpp"
+#include "chorus/transport/matching.hpp"
+
+namespace chorus::tcp {
+
+namespace asio = chorus::detail::asio;
+using chorus::detail::asio_tcp;
+
+struct Policy {
+  static constexpr std::size_t kEagerBytes = 64 * 1024;
+  static constexpr std::size_t kMaxUnexpectedBytes = 64u << 20;
+  static constexpr std::uint64_t kMaxMessageBytes = std::uint64_t(1) << 46;
+};
+
+namespace detail {
+
+using chorus::detail::RequestState;
+using ReqPtr = std::shared_ptr<RequestState>;
+
+static_assert(std::endian::native == std::endian::little, "the tcp wire format is little-endian");
+
+enum class FrameType : std::uint32_t { eager = 1, rts = 2, cts = 3, data = 4 };
+inline constexpr std::uint32_t kCtsReject = 1;
+
+struct FrameHeader {
+  std::uint32_t type = 0;
+  std::uint32_t flags = 0;
+  std::uint64_t tag = 0;
+  std::uint64_t size = 0;
+  std::uint64_t id = 0;
+};
+static_assert(sizeof(FrameHeader) == 32);
+
+struct RecvOp {
+  MutableBytes dst;
+  ReqPtr req;
+  Tag tag;
+};
+struct EagerArrival {
+  std::vector<std::byte> data;
+};
+struct RtsArrival {
+  std::uint64_t size;
+  std::uint64_t id;
+};
+using Arrival = std::variant<EagerArrival, RtsArrival>;
+
+struct OutFrame {
+  FrameHeader h;
+  ConstBytes payload;
+  ReqPtr req;  ///< completed when the frame is written (eager, data); null for control frames
+};
+
+inline std::string size_mismatch(std::uint64_t sent, std::size_t posted) {
+  return "message of " + std::to_string(sent) + " bytes does not fit the posted receive of " +
+         std::to_string(posted) + " bytes (sizes must match)";
+}
+
+}  // namespace detail
+
+class Link {
+ public:
+  using TimeoutHook = std::function<void(const Error&)>;
+
+  Link(int rank, int peer, chorus::detail::asio::io_context& io, std::chrono::milliseconds timeout,
+       TimeoutHook on_timeout)
+      : rank_(rank), peer_(peer), io_(io), socket_(io), timeout_(timeout), on_timeout_(std::move(on_timeout)) {}
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  int peer() const { return peer_; }
+
+  Request isend(ConstBytes data, Tag tag) {
+    auto req = make_request("send", tag, data.size);
+    asio::post(io_, [this, data, tag, req] { start_send(data, tag, req); });
+    return Request(req);
+  }
+
+  Request irecv(MutableBytes data, Tag tag) {
+    auto req = make_request("recv", tag, data.size);
+    asio::post(io_, [this, data, tag, req] { start_recv(detail::RecvOp{data, req, tag}); });
+    return Request(req);
+  }
+
+  // ---- progress thread only ----
+
+  chorus::detail::asio_tcp::socket& socket() { return socket_; }
+
+  /// Starts reading frames; called once the handshake is done.
+  void start() { read_header(); }
+
+  /// Breaks the link: closes the socket and fails everything pending with `code`. Messages already
+  /// read stay receivable. Idempotent.
+  void fail(ErrorCode code, const std::string& why) {
+    if (failed_) return;
+    failed_ = true;
+    fail_code_ = code;
+    fail_why_ = why;
+    boost::system::error_code ignored;
+    socket_.shutdown(asio::socket_base::shutdown_both, ignored);
+    socket_.close(ignored);
+    chorus::detail::log(chorus::detail::LogLevel::info, rank_, "link to peer ", peer_, " broken: ", why);
+    matcher_.drain_posted([&](detail::RecvOp& r) { r.req->fail(code, why); });
+    matcher_.remove_unexpected_if([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
+    for (auto& [id, r] : active_recv_) r.req->fail(code, why);
+    active_recv_.clear();
+    for (auto& [id, s] : pending_rts_) s.req->fail(code, why);
+    pending_rts_.clear();
+    for (auto& f : write_queue_)
+      if (f.req) f.req->fail(code, why), f.req.reset();
+    if (!writing_) write_queue_.clear();
+  }
+
+  bool failed() const { return failed_; }
+
+ private:
+  detail::ReqPtr make_request(const char* verb, Tag tag, std::size_t bytes) {
+    auto req = std::make_shared<detail::RequestState>(
+        ErrorContext{rank_, peer_, chorus::detail::describe_op(verb, tag, bytes)}, timeout_);
+    req->set_on_timeout(on_timeout_);
+    return req;
+  }
+
+  void start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req) {
+    if (failed_) return req->fail(fail_code_, fail_why_);
+    if (data.size <= Policy::kEagerBytes) {
+      enqueue({{static_cast<std::uint32_t>(detail::FrameType::eager), 0, tag, data.size, 0}, data, req});
+    } else {
+      const std::uint64_t id = next_send_id_++;
+      pending_rts_.emplace(id, PendingSend{data, req});
+      enqueue({{static_cast<std::uint32_t>(detail::FrameType::rts), 0, tag, data.size, id}, {}, nullptr});
+    }
+  }
+
+  void start_recv(detail::RecvOp r) {
+    if (auto a = matcher_.take_unexpected(r.tag)) return match(std::move(r), std::move(*a));
+    if (failed_) return r.req->fail(fail_code_, fail_why_);
+    const Tag tag = r.tag;
+    matcher_.add_posted(tag, std::move(r));
+  }
+
+  void match(detail::RecvOp r, detail::Arrival a) {
+    if (auto* e = std::get_if<detail::EagerArrival>(&a)) {
+      unexpected_bytes_ -= e->data.size();
+      if (e->data.size() != r.dst.size) {
+        r.req->fail(ErrorCode::mismatch, detail::size_mismatch(e->data.size(), r.dst.size));
+      } else {
+        if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
+        r.req->complete(e->data.size());
+      }
+      if (paused_ && unexpected_bytes_ <= Policy::kMaxUnexpectedBytes) {
+        paused_ = false;
+        read_header();
+      }
+      return;
+    }
+    const auto& rts = std::get<detail::RtsArrival>(a);
+    accept_rts(std::move(r), rts.size, rts.id);
+  }
+
+  /// A large message and its receive have met: clear the sender to send, or reject a size mismatch
+  /// on both sides.
+  void accept_rts(detail::RecvOp r, std::uint64_t size, std::uint64_t id) {
+    if (size != r.dst.size) {
+      enqueue({{static_cast<std::uint32_t>(detail::FrameType::cts), detail::kCtsReject, 0, r.dst.size, id}, {}, nullptr});
+      return r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
+    }
+    if (!active_recv_.emplace(id, std::move(r)).second) return protocol_error("duplicate message id");
+    enqueue({{static_cast<std::uint32_t>(detail::FrameType::cts), 0, 0, size, id}, {}, nullptr});
+  }
+
+  // ---- writing: one async_write at a time, frames in queue order ----
+
+  void enqueue(detail::OutFrame f) {
+    write_queue_.push_back(std::move(f));
+    write_next();
+  }
+
+  void write_next() {
+    if (writing_ || failed_ || write_queue_.empty()) return;
+    writing_ = true;
+    auto& f = write_queue_.front();
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(&f.h, sizeof f.h), asio::buffer(f.payload.data, f.payload.size)};
+    asio::async_write(socket_, bufs, [this](const boost::system::error_code& ec, std::size_t) {
+      writing_ = false;
+      if (failed_) return write_queue_.clear();
+      if (ec) return fail(ErrorCode::peer_failure, "write to peer failed: " + ec.message());
+      auto f = std::move(write_queue_.front());
+      write_queue_.pop_front();
+      if (f.req) f.req->complete(f.payload.size);
+      write_next();
+    });
+  }
+
+  // ---- reading: header, then the payload it announces ----
+
+  void read_header() {
+    if (failed_) return;
+    asio::async_read(socket_, asio::buffer(&in_, sizeof in_), [this](const boost::system::error_code& ec, std::size_t) {
+      if (failed_) return;
+      if (ec) return on_read_error(ec);
+      on_header();
+    });
+  }
+
+  void on_read_error(const boost::system::error_code& ec) {
+    if (ec == asio::error::eof || ec == asio::error::connection_reset)
+      return fail(ErrorCode::peer_failure, "connection closed by the peer (it exited, aborted or was killed)");
+    fail(ErrorCode::peer_failure, "read from peer failed: " + ec.message());
+  }
+
+  void protocol_error(const std::string& what) {
+    chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "peer ", peer_, ": protocol error: ", what);
+    fail(ErrorCode::peer_failure, "protocol error from peer: " + what);
+  }
+
+  void on_header() {
+    const auto h = in_;
+    switch (static_cast<detail::FrameType>(h.type)) {
+      case detail::FrameType::eager: {
+        if (h.size > Policy::kEagerBytes) return protocol_error("eager frame of " + std::to_string(h.size) + " bytes");
+        if (auto r = matcher_.take_posted(h.tag)) {
+          if (r->dst.size != h.size) {
+            scratch_.resize(h.size);
+            return read_payload({scratch_.data(), scratch_.size()}, [this, r = std::move(*r), size = h.size] {
+              r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
+            });
+          }
+          return read_payload(r->dst, [r = std::move(*r), size = h.size] { r.req->complete(size); });
+        }
+        auto buf = std::make_shared<std::vector<std::byte>>(h.size);
+        return read_payload({buf->data(), buf->size()}, [this, buf, tag = h.tag] {
+          // A receive may have been posted while the payload was being read.
+          unexpected_bytes_ += buf->size();
+          if (auto r = matcher_.take_posted(tag)) return match(std::move(*r), detail::EagerArrival{std::move(*buf)});
+          matcher_.add_unexpected(tag, detail::EagerArrival{std::move(*buf)});
+          if (unexpected_bytes_ > Policy::kMaxUnexpectedBytes) paused_ = true;
+        });
+      }
+      case detail::FrameType::rts: {
+        if (h.size > Policy::kMaxMessageBytes) return protocol_error("message of " + std::to_string(h.size) + " bytes");
+        if (auto r = matcher_.take_posted(h.tag))
+          accept_rts(std::move(*r), h.size, h.id);
+        else
+          matcher_.add_unexpected(h.tag, detail::RtsArrival{h.size, h.id});
+        return read_header();
+      }
+      case detail::FrameType::cts: {
+        auto it = pending_rts_.find(h.id);
+        if (it == pending_rts_.end()) return protocol_error("clear-to-send for unknown message " + std::to_string(h.id));
+        PendingSend s = std::move(it->second);
+        pending_rts_.erase(it);
+        if (h.flags & detail::kCtsReject)
+          s.req->fail(ErrorCode::mismatch, detail::size_mismatch(s.data.size, h.size));
+        else
+          enqueue({{static_cast<std::uint32_t>(detail::FrameType::data), 0, 0, s.data.size, h.id}, s.data, s.req});
+        return read_header();
+      }
+      case detail::FrameType::data: {
+        auto it = active_recv_.find(h.id);
+        if (it == active_recv_.end()) return protocol_error("data for unknown message " + std::to_string(h.id));
+        if (it->second.dst.size != h.size) return protocol_error("data frame size differs from its announcement");
+        detail::RecvOp r = std::move(it->second);
+        active_recv_.erase(it);
+        MutableBytes dst = r.dst;
+        return read_payload(dst, [r = std::move(r), size = h.size] { r.req->complete(size); });
+      }
+    }
+    protocol_error("unknown frame type " + std::to_string(h.type));
+  }
+
+  /// Reads exactly dst.size bytes, runs `done`, then goes on with the next header (unless paused).
+  template <class F>
+  void read_payload(MutableBytes dst, F done) {
+    asio::async_read(socket_, asio::buffer(dst.data, dst.size),
+                     [this, done = std::move(done)](const boost::system::error_code& ec, std::size_t) mutable {
+                       if (failed_) return;
+                       if (ec) return on_read_error(ec);
+                       done();
+                       if (!paused_) read_header();
+                     });
+  }
+
+  struct PendingSend {
+    ConstBytes data;
+    detail::ReqPtr req;
+  };
+
+  int rank_;
+  int peer_;
+  asio::io_context& io_;
+  asio_tcp::socket socket_;
+  std::chrono::milliseconds timeout_;
+  TimeoutHook on_timeout_;
+
+  // Progress-thread state.
+  chorus::detail::TagMatcher<detail::RecvOp, detail::Arrival> matcher_;
+  std::unordered_map<std::uint64_t, detail::RecvOp> active_recv_;
+  std::unordered_map<std::uint64_t, PendingSend> pending_rts_;
+  std::deque<detail::OutFrame> write_queue_;
+  std::vector<std::byte> scratch_;
+  detail::FrameHeader in_;
+  std::uint64_t next_send_id_ = 1;
+  std::size_t unexpected_bytes_ = 0;
+  bool writing_ = false;
+  bool paused_ = false;
+  bool failed_ = false;
+  ErrorCode fail_code_ = ErrorCode::peer_failure;
+  std::string fail_why_;
+};
+
+}  // namespace chorus::tcp

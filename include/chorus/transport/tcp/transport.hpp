@@ -1,0 +1,264 @@
+#pragma once
+/// tcp::Transport: a TCP connection to every peer, over Boost.Asio, with one progress thread.
+///
+/// Connection set-up: every rank listens on one address (CHORUS_SOCKET_IFNAME, or the one that
+/// routes to the master host) on an ephemeral port and publishes "address port" in the store;
+/// rank r connects to every rank below it and accepts from every rank above it. Each connection
+/// opens with the handshake of bootstrap/handshake.hpp (magic, version, the job nonce, the ranks
+/// at both ends, and with CHORUS_JOB_TOKEN a challenge-response); a connection that fails it is
+/// refused and logged and the rank keeps accepting. The listening socket is closed once all peers
+/// are connected, so nothing listens for the rest of the job.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "chorus/bootstrap/handshake.hpp"
+#include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/core/concepts.hpp"
+#include "chorus/detail/asio.hpp"
+#include "chorus/detail/log.hpp"
+#include "chorus/transport/tcp/detail/socket.hpp"
+#include "chorus/transport/tcp/link.hpp"
+
+namespace chorus::tcp {
+namespace detail {
+
+/// What the progress thread and the timeout hooks share; outlives neither the thread nor the links.
+struct Engine {
+  asio::io_context io{1};
+  std::vector<std::unique_ptr<Link>> links;  ///< by peer; null at this rank's own index
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::thread thread;
+
+  /// Fails every link (from any thread); peers see their connection close.
+  void fail_all(ErrorCode code, std::string why) {
+    asio::post(io, [this, code, why = std::move(why)] {
+      for (auto& l : links)
+        if (l) l->fail(code, why);
+    });
+  }
+};
+
+}  // namespace detail
+
+class Transport {
+ public:
+  static constexpr std::string_view kName = "tcp";
+
+  explicit Transport(const Bootstrap& b);
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+  ~Transport();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Link& link(int peer) {
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, "tcp link"},
+                  "no link to this peer (send to self is not supported)");
+    return *engine_->links[static_cast<std::size_t>(peer)];
+  }
+
+  void abort(const Error& why) { engine_->fail_all(ErrorCode::peer_failure, std::string("aborted: ") + why.what()); }
+
+ private:
+  void connect_all(const Bootstrap& b);
+
+  int rank_;
+  int size_;
+  std::shared_ptr<detail::Engine> engine_;
+};
+
+// ---- bodies ----
+
+inline Transport::Transport(const Bootstrap& b) : rank_(b.rank), size_(b.size), engine_(std::make_shared<detail::Engine>()) {
+  std::weak_ptr<detail::Engine> weak = engine_;
+  auto on_timeout = [weak](const Error& e) {
+    if (auto eng = weak.lock()) eng->fail_all(ErrorCode::peer_failure, std::string("aborted after a timeout: ") + e.what());
+  };
+  engine_->links.resize(static_cast<std::size_t>(size_));
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, on_timeout);
+  connect_all(b);
+  for (auto& l : engine_->links) {
+    if (!l) continue;
+    detail::tune_socket(l->socket());
+    l->start();
+  }
+  engine_->work.emplace(engine_->io.get_executor());
+  engine_->thread = std::thread([eng = engine_.get(), rank = rank_] {
+    for (;;) {
+      try {
+        eng->io.run();
+        return;
+      } catch (const std::exception& e) {
+        chorus::detail::log(chorus::detail::LogLevel::warn, rank, "tcp progress thread: ", e.what());
+      }
+    }
+  });
+}
+
+inline Transport::~Transport() {
+  engine_->fail_all(ErrorCode::peer_failure, "the communicator was destroyed");
+  engine_->work.reset();
+  if (engine_->thread.joinable()) engine_->thread.join();
+}
+
+inline void Transport::connect_all(const Bootstrap& b) {
+  namespace asio = chorus::detail::asio;
+  using chorus::detail::asio_tcp;
+  using Clock = std::chrono::steady_clock;
+  auto& io = engine_->io;
+  const auto deadline = Clock::now() + b.options.timeout;
+  const std::string& token = b.options.job_token;
+
+  // Listen on one address, an ephemeral port; publish it.
+  const auto addr = detail::listen_address(b.options);
+  asio_tcp::acceptor acceptor(io, asio_tcp::endpoint(addr, 0));
+  acceptor.listen(asio::socket_base::max_listen_connections);
+  const auto port = acceptor.local_endpoint().port();
+  b.store->set("tcp/addr/" + std::to_string(rank_), addr.to_string() + " " + std::to_string(port));
+  chorus::detail::log(chorus::detail::LogLevel::info, rank_, "tcp: listening on ", addr.to_string(), " port ", port);
+
+  std::vector<bool> connected(static_cast<std::size_t>(size_), false);
+  int to_accept = size_ - 1 - rank_;
+  std::exception_ptr first_error;
+
+  auto remaining = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+
+  std::vector<std::weak_ptr<asio_tcp::socket>> handshaking;
+  auto finish_if_done = [&] {
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && !connected[p]) return;
+    boost::system::error_code ignored;
+    acceptor.close(ignored);
+    for (auto& w : handshaking)
+      if (auto s = w.lock()) s->close(ignored);
+  };
+  // Connect to every lower rank.
+  for (int p = 0; p < rank_; ++p) {
+    const std::string where = b.store->get("tcp/addr/" + std::to_string(p), remaining());
+    const auto space = where.rfind(' ');
+    boost::system::error_code ec;
+    const auto peer_addr = asio::ip::make_address(where.substr(0, space), ec);
+    if (ec || space == std::string::npos)
+      throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "tcp connect"}, "bad address in store: '" + where + "'");
+    const asio_tcp::endpoint ep(peer_addr, static_cast<unsigned short>(std::stoi(where.substr(space + 1))));
+    asio::co_spawn(
+        io,
+        [this, p, ep, &b, &token, deadline]() -> asio::awaitable<void> {
+          auto& sock = engine_->links[p]->socket();
+          asio::steady_timer backoff(co_await asio::this_coro::executor);
+          auto delay = std::chrono::milliseconds(10);
+          for (;;) {
+            boost::system::error_code ec;
+            co_await sock.async_connect(ep, asio::redirect_error(asio::use_awaitable, ec));
+            if (!ec) break;
+            boost::system::error_code ignored;
+            sock.close(ignored);
+            if (Clock::now() + delay >= deadline)
+              throw Error(ErrorCode::timeout, ErrorContext{rank_, p, "tcp connect"},
+                          "cannot connect to " + ep.address().to_string() + " port " + std::to_string(ep.port()) +
+                              ": " + ec.message());
+            backoff.expires_after(delay);
+            co_await backoff.async_wait(asio::use_awaitable);
+            delay = std::min(delay * 2, std::chrono::milliseconds(1000));
+          }
+          chorus::Hello mine;
+          mine.kind = chorus::kHandshakeLink;
+          mine.nonce = b.nonce;
+          mine.rank = rank_;
+          mine.peer = p;
+          mine.world = size_;
+          co_await chorus::handshake_connect(sock, mine, token);
+        },
+        [&, p](std::exception_ptr e) {
+          if (e) {
+            if (!first_error) first_error = e;
+            io.stop();
+          } else {
+            connected[p] = true;
+            finish_if_done();
+          }
+        });
+  }
+
+  // Accept from every higher rank; refuse and log whatever fails the handshake. Once every peer
+  // is connected, close the acceptor and cut short handshakes still in progress (strangers).
+  if (to_accept > 0) {
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          while (acceptor.is_open()) {
+            auto sock = std::make_shared<asio_tcp::socket>(io);
+            boost::system::error_code ec;
+            co_await acceptor.async_accept(*sock, asio::redirect_error(asio::use_awaitable, ec));
+            if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+            if (ec) continue;
+            handshaking.push_back(sock);
+            asio::co_spawn(
+                io,
+                [&, sock]() -> asio::awaitable<void> {
+                  boost::system::error_code rec;
+                  const auto rep = sock->remote_endpoint(rec);
+                  const std::string from =
+                      rec ? std::string("?") : rep.address().to_string() + " port " + std::to_string(rep.port());
+                  try {
+                    const auto hello = co_await chorus::handshake_accept(
+                        *sock, chorus::kHandshakeLink, token, [&](const chorus::Hello& h) {
+                          return h.nonce == b.nonce && h.world == size_ && h.peer == rank_ && h.rank > rank_ &&
+                                 h.rank < size_ && !connected[static_cast<std::size_t>(h.rank)];
+                        });
+                    if (connected[static_cast<std::size_t>(hello.rank)]) co_return;  // raced a duplicate
+                    engine_->links[hello.rank]->socket() = std::move(*sock);
+                    connected[static_cast<std::size_t>(hello.rank)] = true;
+                    --to_accept;
+                    finish_if_done();
+                  } catch (const std::exception& e) {
+                    chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "tcp: refused a connection from ", from,
+                                        ": ", e.what());
+                  }
+                },
+                asio::detached);
+          }
+        },
+        asio::detached);
+  }
+
+  io.run_until(deadline);
+  boost::system::error_code ignored;
+  acceptor.close(ignored);
+  // Let whatever was cut short (handshakes in progress) finish with operation_aborted.
+  const bool all = [&] {
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && !connected[p]) return false;
+    return true;
+  }();
+  if (!all || first_error) {
+    for (auto& l : engine_->links)
+      if (l) l->socket().close(ignored);
+    io.restart();
+    io.poll();
+  }
+  if (first_error) std::rethrow_exception(first_error);
+  if (!all) {
+    std::string missing;
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && !connected[p]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    throw Error(ErrorCode::timeout, ErrorContext{rank_, -1, "tcp connect"},
+                "no connection from/to ranks " + missing + " within " + std::to_string(b.options.timeout.count()) +
+                    " ms (CHORUS_TIMEOUT)");
+  }
+  io.restart();
+}
+
+static_assert(chorus::Transport<Transport>);
+
+}  // namespace chorus::tcp
