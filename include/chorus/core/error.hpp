@@ -45,6 +45,15 @@ class Error : public std::runtime_error {
   Error(ErrorCode code, const ErrorContext& ctx, const std::string& message)
       : std::runtime_error(format(code, ctx, message)), code_(code), rank_(ctx.rank), peer_(ctx.peer) {}
 
+  /// An error whose message is already formatted (what() of another Error): lets an error be
+  /// carried across threads as plain data and thrown anew where it is reported.
+  static Error from_text(ErrorCode code, const std::string& what, int rank, int peer) {
+    Error e(code, what, Preformatted{});
+    e.rank_ = rank;
+    e.peer_ = peer;
+    return e;
+  }
+
   ErrorCode code() const noexcept { return code_; }
   int rank() const noexcept { return rank_; }
   int peer() const noexcept { return peer_; }
@@ -67,6 +76,9 @@ class Error : public std::runtime_error {
   }
 
  private:
+  struct Preformatted {};
+  Error(ErrorCode code, const std::string& what, Preformatted) : std::runtime_error(what), code_(code) {}
+
   ErrorCode code_;
   int rank_ = -1;
   int peer_ = -1;

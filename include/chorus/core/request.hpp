@@ -10,7 +10,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -41,19 +40,22 @@ class RequestState {
     cv_.notify_all();
     if (then) then();
   }
-  void fail(std::exception_ptr e) {
+  /// Marks failure. The error travels as plain data (code and text) and is thrown anew by the
+  /// thread that waits, so no exception object is shared between threads.
+  void fail(ErrorCode code, const std::string& msg) {
     std::function<void()> then;
     {
       std::lock_guard lk(mu_);
       if (done_) return;
       done_ = true;
-      error_ = std::move(e);
+      failed_ = true;
+      code_ = code;
+      what_ = Error(code, ctx_, msg).what();
       then = std::move(then_);
     }
     cv_.notify_all();
     if (then) then();
   }
-  void fail(ErrorCode code, const std::string& msg) { fail(std::make_exception_ptr(Error(code, ctx_, msg))); }
 
   bool done() const {
     std::lock_guard lk(mu_);
@@ -61,7 +63,7 @@ class RequestState {
   }
   bool test() {
     std::lock_guard lk(mu_);
-    if (done_ && error_) std::rethrow_exception(error_);
+    if (done_ && failed_) throw error_locked();
     return done_;
   }
   /// Waits until done or until the timeout; on timeout runs the on-timeout hook (the transport
@@ -77,7 +79,7 @@ class RequestState {
         if (hook) hook(e);
         throw e;
       }
-      if (error_) std::rethrow_exception(error_);
+      if (failed_) throw error_locked();
     }
   }
   std::size_t bytes() const {
@@ -100,12 +102,26 @@ class RequestState {
   }
   void set_on_timeout(std::function<void(const Error&)> f) { on_timeout_ = std::move(f); }
 
+  /// True when the request failed; `out` then gets its error.
+  bool failed(ErrorCode* code = nullptr, std::string* what = nullptr) const {
+    std::lock_guard lk(mu_);
+    if (failed_) {
+      if (code) *code = code_;
+      if (what) *what = what_;
+    }
+    return failed_;
+  }
+
  private:
+  Error error_locked() const { return Error::from_text(code_, what_, ctx_.rank, ctx_.peer); }
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
   std::size_t bytes_ = 0;
-  std::exception_ptr error_;
+  bool failed_ = false;
+  ErrorCode code_ = ErrorCode::system;
+  std::string what_;
   std::function<void()> then_;
   std::function<void(const Error&)> on_timeout_;
   ErrorContext ctx_;

@@ -21,8 +21,18 @@ class TagMatcher {
   /// A message arrived: the oldest receive posted for its tag, or nullopt (then keep it with
   /// add_unexpected).
   std::optional<Recv> take_posted(Tag tag) { return take(posted_, tag); }
-  /// A receive was posted: the oldest unexpected message of its tag, or nullopt (then post it).
-  std::optional<Arrival> take_unexpected(Tag tag) { return take(unexpected_, tag); }
+  /// A receive was posted: calls f(Arrival&) on the oldest unexpected message of its tag and removes
+  /// it; false when there is none (then post the receive). (A callback rather than an optional:
+  /// moving a variant through std::optional trips g++ 12's -Wmaybe-uninitialized.)
+  template <class F>
+  bool take_unexpected(Tag tag, F&& f) {
+    auto it = unexpected_.find(tag);
+    if (it == unexpected_.end()) return false;
+    f(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) unexpected_.erase(it);
+    return true;
+  }
 
   void add_posted(Tag tag, Recv r) { posted_[tag].push_back(std::move(r)); }
   void add_unexpected(Tag tag, Arrival a) { unexpected_[tag].push_back(std::move(a)); }

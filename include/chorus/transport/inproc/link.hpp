@@ -88,7 +88,7 @@ inline void deliver(Arrival& a, RecvOp& r, Completions& done) {
     done.fail(z.send_req, ErrorCode::mismatch, size_mismatch(z.src.size, r.dst.size));
     return done.fail(r.req, ErrorCode::mismatch, size_mismatch(z.src.size, r.dst.size));
   }
-  std::memcpy(r.dst.data, z.src.data, z.src.size);
+  if (z.src.size != 0) std::memcpy(r.dst.data, z.src.data, z.src.size);
   done.ok(z.send_req, z.src.size);
   done.ok(r.req, z.src.size);
 }
@@ -132,8 +132,8 @@ class Link {
     detail::Completions done;
     std::lock_guard lk(in_->mu);
     detail::RecvOp r{data, req};
-    if (auto a = in_->matcher.take_unexpected(tag)) {
-      detail::deliver(*a, r, done);
+    if (in_->matcher.take_unexpected(tag, [&](detail::Arrival& a) { detail::deliver(a, r, done); })) {
+      // delivered
     } else if (in_->broken) {
       done.fail(req, ErrorCode::peer_failure, in_->broken_reason);
     } else {

@@ -136,6 +136,8 @@ class Link {
     matcher_.remove_unexpected_if([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
     for (auto& [id, r] : active_recv_) r.req->fail(code, why);
     active_recv_.clear();
+    if (reading_into_) reading_into_->fail(code, why);
+    reading_into_.reset();
     for (auto& [id, s] : pending_rts_) s.req->fail(code, why);
     pending_rts_.clear();
     for (auto& f : write_queue_)
@@ -165,7 +167,7 @@ class Link {
   }
 
   void start_recv(detail::RecvOp r) {
-    if (auto a = matcher_.take_unexpected(r.tag)) return match(std::move(r), std::move(*a));
+    if (matcher_.take_unexpected(r.tag, [&](detail::Arrival& a) { match(std::move(r), std::move(a)); })) return;
     if (failed_) return r.req->fail(fail_code_, fail_why_);
     const Tag tag = r.tag;
     matcher_.add_posted(tag, std::move(r));
@@ -254,11 +256,16 @@ class Link {
         if (auto r = matcher_.take_posted(h.tag)) {
           if (r->dst.size != h.size) {
             scratch_.resize(h.size);
-            return read_payload({scratch_.data(), scratch_.size()}, [this, r = std::move(*r), size = h.size] {
-              r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
-            });
+            auto req = r->req;
+            return read_payload(
+                {scratch_.data(), scratch_.size()},
+                [r = std::move(*r), size = h.size] {
+                  r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
+                },
+                std::move(req));
           }
-          return read_payload(r->dst, [r = std::move(*r), size = h.size] { r.req->complete(size); });
+          auto req = r->req;
+          return read_payload(r->dst, [r = std::move(*r), size = h.size] { r.req->complete(size); }, std::move(req));
         }
         auto buf = std::make_shared<std::vector<std::byte>>(h.size);
         return read_payload({buf->data(), buf->size()}, [this, buf, tag = h.tag] {
@@ -295,19 +302,24 @@ class Link {
         detail::RecvOp r = std::move(it->second);
         active_recv_.erase(it);
         MutableBytes dst = r.dst;
-        return read_payload(dst, [r = std::move(r), size = h.size] { r.req->complete(size); });
+        auto req = r.req;
+        return read_payload(dst, [r = std::move(r), size = h.size] { r.req->complete(size); }, std::move(req));
       }
     }
     protocol_error("unknown frame type " + std::to_string(h.type));
   }
 
   /// Reads exactly dst.size bytes, runs `done`, then goes on with the next header (unless paused).
+  /// `into` is the receive whose buffer is being filled, if any: fail() fails it should the link
+  /// break mid-payload.
   template <class F>
-  void read_payload(MutableBytes dst, F done) {
+  void read_payload(MutableBytes dst, F done, detail::ReqPtr into = nullptr) {
+    reading_into_ = std::move(into);
     asio::async_read(socket_, asio::buffer(dst.data, dst.size),
                      [this, done = std::move(done)](const boost::system::error_code& ec, std::size_t) mutable {
                        if (failed_) return;
                        if (ec) return on_read_error(ec);
+                       reading_into_.reset();
                        done();
                        if (!paused_) read_header();
                      });
@@ -331,6 +343,7 @@ class Link {
   std::unordered_map<std::uint64_t, PendingSend> pending_rts_;
   std::deque<detail::OutFrame> write_queue_;
   std::vector<std::byte> scratch_;
+  detail::ReqPtr reading_into_;  ///< the receive whose payload is being read, if any
   detail::FrameHeader in_;
   std::uint64_t next_send_id_ = 1;
   std::size_t unexpected_bytes_ = 0;

@@ -1,0 +1,197 @@
+// tcp_pingpong: point-to-point latency and bandwidth of the tcp transport between two processes
+// on this host (loopback). The program launches itself: run it plainly and it starts two ranks
+// of itself through chorus::launch_local (which hosts the store on 127.0.0.1).
+//
+//   tcp_pingpong [--iters N] [--warmup N] [--repeats N] [--sizes 8,64,1K,64K] [--bw-sizes 1M,16M,64M]
+//
+// Latency: ping-pong, rank 0 sends `size` bytes and rank 1 sends them back; the half round trip
+// of every iteration is timed, and the table gives the median, the minimum and the 90th percentile.
+// Bandwidth: rank 0 sends back-to-back messages of `size` bytes (at least 256 MiB in all, at
+// least 4 messages) while rank 1 keeps 4 receives posted; rank 1 acknowledges the last one. GB/s
+// is bytes / (first send to ack received), 1 GB = 1e9 bytes; the table gives the median and the
+// best of --repeats runs (after one warm-up run).
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chorus/bootstrap/local_launch.hpp"
+#include "chorus/chorus.hpp"
+#include "chorus/detail/env.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Comm = chorus::Communicator<chorus::tcp::Transport>;
+
+struct Args {
+  int iters = 2000;
+  int warmup = 200;
+  int repeats = 5;
+  std::vector<std::size_t> lat_sizes = {8, 64, 1024, 64 << 10};
+  std::vector<std::size_t> bw_sizes = {1 << 20, 16 << 20, 64 << 20};
+};
+
+std::vector<std::size_t> parse_sizes(std::string_view list, std::string_view what) {
+  std::vector<std::size_t> out;
+  while (!list.empty()) {
+    const auto comma = list.find(',');
+    const auto item = list.substr(0, comma);
+    if (!item.empty()) out.push_back(static_cast<std::size_t>(chorus::detail::parse_bytes(item, what)));
+    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+  }
+  return out;
+}
+
+[[noreturn]] void usage(const char* argv0, const std::string& why) {
+  std::fprintf(stderr,
+               "%s: %s\nusage: %s [--iters N] [--warmup N] [--repeats N] [--sizes 8,64,1K,64K] "
+               "[--bw-sizes 1M,16M,64M]\n",
+               argv0, why.c_str(), argv0);
+  std::exit(2);
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view k = argv[i];
+    if (k == "--help" || k == "-h") usage(argv[0], "help");
+    if (i + 1 >= argc) usage(argv[0], "missing value for " + std::string(k));
+    std::string_view v = argv[++i];
+    try {
+      if (k == "--iters")
+        a.iters = static_cast<int>(chorus::detail::parse_int(v, "--iters", 1, 100000000));
+      else if (k == "--warmup")
+        a.warmup = static_cast<int>(chorus::detail::parse_int(v, "--warmup", 0, 100000000));
+      else if (k == "--repeats")
+        a.repeats = static_cast<int>(chorus::detail::parse_int(v, "--repeats", 1, 100000));
+      else if (k == "--sizes")
+        a.lat_sizes = parse_sizes(v, "--sizes");
+      else if (k == "--bw-sizes") {
+        a.bw_sizes = parse_sizes(v, "--bw-sizes");
+        for (auto b : a.bw_sizes)
+          if (b == 0) usage(argv[0], "--bw-sizes must be positive");
+      }
+      else
+        usage(argv[0], "unknown option " + std::string(k));
+    } catch (const chorus::Error& e) {
+      usage(argv[0], e.what());
+    }
+  }
+  return a;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(p * double(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+std::string human(std::size_t bytes) {
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes >= (1u << 10) && bytes % (1u << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+void latency(Comm& comm, const Args& a) {
+  const int r = comm.rank();
+  if (r == 0) {
+    std::printf("# ping-pong latency (half round trip), %d iterations after %d warm-up\n", a.iters, a.warmup);
+    std::printf("%12s %12s %12s %12s\n", "size", "median_us", "min_us", "p90_us");
+  }
+  for (std::size_t size : a.lat_sizes) {
+    std::vector<std::byte> buf(size, std::byte{0x42});
+    std::vector<double> half_rtt_us;
+    half_rtt_us.reserve(static_cast<std::size_t>(a.iters));
+    comm.barrier();
+    for (int i = -a.warmup; i < a.iters; ++i) {
+      if (r == 0) {
+        const auto t0 = Clock::now();
+        comm.send(buf, 1, 0);
+        comm.recv(buf, 1, 0);
+        const auto t1 = Clock::now();
+        if (i >= 0) half_rtt_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
+      } else {
+        comm.recv(buf, 0, 0);
+        comm.send(buf, 0, 0);
+      }
+    }
+    if (r == 0) {
+      std::printf("%12s %12.2f %12.2f %12.2f\n", human(size).c_str(), percentile(half_rtt_us, 0.5),
+                  percentile(half_rtt_us, 0.0), percentile(half_rtt_us, 0.9));
+      std::fflush(stdout);
+    }
+  }
+}
+
+void bandwidth(Comm& comm, const Args& a) {
+  constexpr int kWindow = 4;                 // receives kept posted on rank 1
+  constexpr std::size_t kMinTotal = 256u << 20;
+  const int r = comm.rank();
+  if (r == 0) {
+    std::printf("# one-way bandwidth, rank 0 -> rank 1, median and best of %d runs\n", a.repeats);
+    std::printf("%12s %8s %14s %14s\n", "size", "msgs", "median_GB/s", "best_GB/s");
+  }
+  for (std::size_t size : a.bw_sizes) {
+    const int msgs = static_cast<int>(std::max<std::size_t>(4, (kMinTotal + size - 1) / std::max<std::size_t>(size, 1)));
+    std::vector<double> gbps;
+    comm.barrier();
+    if (r == 0) {
+      std::vector<std::byte> src(size, std::byte{0x17});
+      std::vector<chorus::Request> sends(static_cast<std::size_t>(msgs));
+      for (int rep = -1; rep < a.repeats; ++rep) {
+        comm.recv(std::span<std::byte>{}, 1, 1);  // rank 1 has posted its receives
+        const auto t0 = Clock::now();
+        for (int m = 0; m < msgs; ++m) sends[static_cast<std::size_t>(m)] = comm.isend(src, 1, 0);
+        for (auto& s : sends) s.wait();
+        comm.recv(std::span<std::byte>{}, 1, 2);  // rank 1 has the last byte
+        const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (rep >= 0) gbps.push_back(double(size) * msgs / secs / 1e9);
+      }
+      std::printf("%12s %8d %14.3f %14.3f\n", human(size).c_str(), msgs, percentile(gbps, 0.5),
+                  percentile(gbps, 1.0));
+      std::fflush(stdout);
+    } else {
+      std::vector<std::vector<std::byte>> bufs(kWindow, std::vector<std::byte>(size));
+      std::vector<chorus::Request> recvs(kWindow);
+      for (int rep = -1; rep < a.repeats; ++rep) {
+        for (int m = 0; m < std::min(kWindow, msgs); ++m) recvs[m] = comm.irecv(bufs[m], 0, 0);
+        comm.send(std::span<const std::byte>{}, 0, 1);
+        for (int m = 0; m < msgs; ++m) {
+          recvs[m % kWindow].wait();
+          if (m + kWindow < msgs) recvs[m % kWindow] = comm.irecv(bufs[m % kWindow], 0, 0);
+        }
+        comm.send(std::span<const std::byte>{}, 0, 2);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  try {
+    if (!chorus::launched_by_launcher()) return chorus::launch_local(2, argc, argv);
+    auto comm = Comm::create(chorus::Options::from_env());
+    if (comm.size() != 2) {
+      if (comm.rank() == 0) std::fprintf(stderr, "tcp_pingpong needs exactly 2 ranks, got %d\n", comm.size());
+      return 2;
+    }
+    if (comm.rank() == 0) std::printf("# chorus tcp transport, 2 processes on this host\n");
+    latency(comm, args);
+    bandwidth(comm, args);
+    comm.barrier();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tcp_pingpong: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,102 @@
+// The tcp transport's listening port meets strangers: garbage bytes, a handshake from another job
+// (wrong nonce), a wrong job token. Each is refused, and the job's own ranks still connect.
+#include "chorus/transport/tcp/transport.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/communicator.hpp"
+#include "chorus/detail/asio.hpp"
+#include "support/spawn.hpp"
+
+using namespace std::chrono_literals;
+namespace asio = chorus::detail::asio;
+using chorus::detail::asio_tcp;
+using chorus::test::expect;
+
+namespace {
+
+/// Rank 0's published link address ("ip port"), from the store both ranks share.
+asio_tcp::endpoint rank0_endpoint(chorus::Store& store) {
+  const std::string where = store.get("chorus/g1/comm/tcp/addr/0", 20s);
+  const auto space = where.rfind(' ');
+  return {asio::ip::make_address(where.substr(0, space)), static_cast<unsigned short>(std::stoi(where.substr(space + 1)))};
+}
+
+/// Connects to `ep`, runs a client handshake with `hello`/`token`; returns the error it ends with,
+/// or "" when the handshake was accepted.
+std::string stranger_handshake(const asio_tcp::endpoint& ep, chorus::Hello hello, const std::string& token) {
+  asio::io_context io;
+  asio_tcp::socket s(io);
+  s.connect(ep);
+  std::string result;
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { co_await chorus::handshake_connect(s, hello, token); },
+      [&](std::exception_ptr e) {
+        if (!e) return;
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          result = x.what();
+        }
+      });
+  io.run_for(20s);
+  return result.empty() && !io.stopped() ? "handshake did not finish" : result;
+}
+
+/// Sends bytes that are not a handshake; returns true when the rank closes the connection.
+bool garbage_is_dropped(const asio_tcp::endpoint& ep) {
+  asio::io_context io;
+  asio_tcp::socket s(io);
+  s.connect(ep);
+  const std::string junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(200, '\xff');
+  asio::write(s, asio::buffer(junk));
+  // The rank may answer with a refusal before it closes: read until the connection ends.
+  std::vector<char> buf(1 << 16);
+  bool closed = false;
+  asio::async_read(s, asio::buffer(buf), [&](const boost::system::error_code& ec, std::size_t) { closed = bool(ec); });
+  io.run_for(20s);
+  return closed;
+}
+
+}  // namespace
+
+TEST_CASE("tcp links refuse garbage, other jobs and wrong tokens, and still connect their own ranks") {
+  for (const std::string token : {"", "s3cret"}) {
+    CAPTURE(token);
+    chorus::test::ThreadOptions topt;
+    chorus::test::run_threads(
+        2,
+        [&](int rank, chorus::Options o) {
+          o.job_token = token;
+          if (rank == 1) {
+            // Before rank 1 joins, strangers knock on rank 0's link port.
+            const auto ep = rank0_endpoint(*o.store);
+            expect(garbage_is_dropped(ep), "garbage on the link port is dropped");
+            chorus::Hello other_job;
+            other_job.kind = chorus::kHandshakeLink;
+            other_job.nonce.fill(0x5a);  // not this job's nonce
+            other_job.rank = 1;
+            other_job.peer = 0;
+            other_job.world = 2;
+            const std::string e1 = stranger_handshake(ep, other_job, token);
+            expect(!e1.empty(), "a handshake with another job's nonce is refused");
+            // This job's nonce (as if it had leaked) but a wrong token: the proof fails.
+            chorus::Hello same_job = other_job;
+            same_job.nonce = chorus::detail::nonce_from_hex(o.store->get("chorus/g1/nonce", 20s), {});
+            const std::string e2 = stranger_handshake(ep, same_job, token.empty() ? "intruder" : token + "x");
+            expect(e2.find("token") != std::string::npos, "a handshake with a wrong token is refused: " + e2);
+          }
+          auto comm = chorus::Communicator<chorus::tcp::Transport>::create(std::move(o));
+          int v = rank == 0 ? 42 : 0;
+          if (rank == 0) comm.send(std::span(&v, 1), 1, 3);
+          if (rank == 1) comm.recv(std::span(&v, 1), 0, 3);
+          expect(v == 42, "the job's own link works after the strangers were refused");
+        },
+        topt);
+  }
+}
