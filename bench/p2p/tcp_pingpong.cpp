@@ -23,6 +23,8 @@
 
 #include "chorus/bootstrap/local_launch.hpp"
 #include "chorus/chorus.hpp"
+
+#include <CLI/CLI.hpp>
 #include "chorus/detail/env.hpp"
 
 namespace {
@@ -38,51 +40,33 @@ struct Args {
   std::vector<std::size_t> bw_sizes = {1 << 20, 16 << 20, 64 << 20};
 };
 
-std::vector<std::size_t> parse_sizes(std::string_view list, std::string_view what) {
+/// CLI11 reads sizes as strings so that K/M/G suffixes work ("8,64,1K,64K").
+std::vector<std::size_t> to_sizes(const std::vector<std::string>& items, std::string_view what) {
   std::vector<std::size_t> out;
-  while (!list.empty()) {
-    const auto comma = list.find(',');
-    const auto item = list.substr(0, comma);
-    if (!item.empty()) out.push_back(static_cast<std::size_t>(chorus::detail::parse_bytes(item, what)));
-    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
-  }
+  for (const auto& item : items) out.push_back(static_cast<std::size_t>(chorus::detail::parse_bytes(item, what)));
   return out;
-}
-
-[[noreturn]] void usage(const char* argv0, const std::string& why) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s [--iters N] [--warmup N] [--repeats N] [--sizes 8,64,1K,64K] "
-               "[--bw-sizes 1M,16M,64M]\n",
-               argv0, why.c_str(), argv0);
-  std::exit(2);
 }
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view k = argv[i];
-    if (k == "--help" || k == "-h") usage(argv[0], "help");
-    if (i + 1 >= argc) usage(argv[0], "missing value for " + std::string(k));
-    std::string_view v = argv[++i];
-    try {
-      if (k == "--iters")
-        a.iters = static_cast<int>(chorus::detail::parse_int(v, "--iters", 1, 100000000));
-      else if (k == "--warmup")
-        a.warmup = static_cast<int>(chorus::detail::parse_int(v, "--warmup", 0, 100000000));
-      else if (k == "--repeats")
-        a.repeats = static_cast<int>(chorus::detail::parse_int(v, "--repeats", 1, 100000));
-      else if (k == "--sizes")
-        a.lat_sizes = parse_sizes(v, "--sizes");
-      else if (k == "--bw-sizes") {
-        a.bw_sizes = parse_sizes(v, "--bw-sizes");
-        for (auto b : a.bw_sizes)
-          if (b == 0) usage(argv[0], "--bw-sizes must be positive");
-      }
-      else
-        usage(argv[0], "unknown option " + std::string(k));
-    } catch (const chorus::Error& e) {
-      usage(argv[0], e.what());
-    }
+  CLI::App app{"chorus tcp transport: ping-pong latency and one-way bandwidth between 2 local processes"};
+  std::vector<std::string> lat = {"8", "64", "1K", "64K"}, bw = {"1M", "16M", "64M"};
+  app.add_option("--iters", a.iters, "ping-pong iterations per size")->check(CLI::Range(1, 100000000));
+  app.add_option("--warmup", a.warmup, "warm-up iterations per size")->check(CLI::Range(0, 100000000));
+  app.add_option("--repeats", a.repeats, "bandwidth runs per size (median and best are shown)")->check(CLI::Range(1, 100000));
+  app.add_option("--sizes", lat, "ping-pong sizes (K/M/G suffixes)")->delimiter(',');
+  app.add_option("--bw-sizes", bw, "bandwidth sizes, positive (K/M/G suffixes)")->delimiter(',');
+  try {
+    app.parse(argc, argv);
+    a.lat_sizes = to_sizes(lat, "--sizes");
+    a.bw_sizes = to_sizes(bw, "--bw-sizes");
+    for (auto b : a.bw_sizes)
+      if (b == 0) throw CLI::ValidationError("--bw-sizes", "sizes must be positive");
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
+  } catch (const chorus::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(2);
   }
   return a;
 }
