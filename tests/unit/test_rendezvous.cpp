@@ -78,6 +78,23 @@ ScopedEnv* clean_env() {
                         {"CHORUS_JOB_TOKEN", {}}});
 }
 
+std::uint16_t free_port();
+
+/// Runs `f(port)` with a port that was free a moment ago. env:// and tcp:// make rank 0 bind a
+/// port the caller names, so the test must name one: it probes for a free port, and should another
+/// process take it in between (rank 0's bind then fails with "Address already in use"), it tries
+/// again with a new one, up to 5 times. No fixed port, and no flake from a clash.
+template <class F>
+auto on_free_port(F&& f) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return f(free_port());
+    } catch (const Error& e) {
+      if (attempt == 5 || std::string(e.what()).find("in use") == std::string::npos) throw;
+    }
+  }
+}
+
 std::uint16_t free_port() {
   namespace asio = chorus::detail::asio;
   asio::io_context io;
@@ -171,11 +188,14 @@ TEST_CASE("sequential rendezvous through one store do not collide") {
 TEST_CASE("rendezvous over tcp://host:port") {
   std::unique_ptr<ScopedEnv> env(clean_env());
   constexpr int n = 3;
-  const auto port = free_port();
-  auto bs = rendezvous_all(n, [&](int r) {
-    Options o = with_rank(r, n);
-    o.init_method = "tcp://127.0.0.1:" + std::to_string(port);
-    return o;
+  std::uint16_t port = 0;
+  auto bs = on_free_port([&](std::uint16_t p) {
+    port = p;
+    return rendezvous_all(n, [&](int r) {
+      Options o = with_rank(r, n);
+      o.init_method = "tcp://127.0.0.1:" + std::to_string(p);
+      return o;
+    });
   });
   check_agreement(bs);
   auto* server = dynamic_cast<chorus::TcpStore*>(bs[0].options.store.get());
@@ -187,12 +207,13 @@ TEST_CASE("rendezvous over tcp://host:port") {
 
 TEST_CASE("rendezvous over tcp with a job token") {
   std::unique_ptr<ScopedEnv> env(clean_env());
-  const auto port = free_port();
-  auto bs = rendezvous_all(2, [&](int r) {
-    Options o = with_rank(r, 2);
-    o.init_method = "tcp://127.0.0.1:" + std::to_string(port);
-    o.job_token = "s3cret";
-    return o;
+  auto bs = on_free_port([&](std::uint16_t port) {
+    return rendezvous_all(2, [&](int r) {
+      Options o = with_rank(r, 2);
+      o.init_method = "tcp://127.0.0.1:" + std::to_string(port);
+      o.job_token = "s3cret";
+      return o;
+    });
   });
   check_agreement(bs);
 }
@@ -205,23 +226,26 @@ TEST_CASE("rendezvous over tcp://[::1]:port") {
     MESSAGE("IPv6 loopback not available, skipped: " << e.what());
     return;
   }
-  const auto port = free_port();  // an IPv4 probe; the same number is very likely free on ::1 too
-  auto bs = rendezvous_all(2, [&](int r) {
-    Options o = with_rank(r, 2);
-    o.init_method = "tcp://[::1]:" + std::to_string(port);
-    return o;
+  // An IPv4 probe; should the number be taken on ::1, on_free_port tries another.
+  auto bs = on_free_port([&](std::uint16_t port) {
+    return rendezvous_all(2, [&](int r) {
+      Options o = with_rank(r, 2);
+      o.init_method = "tcp://[::1]:" + std::to_string(port);
+      return o;
+    });
   });
   check_agreement(bs);
 }
 
 TEST_CASE("rendezvous over env:// (MASTER_ADDR, MASTER_PORT)") {
   std::unique_ptr<ScopedEnv> env(clean_env());
-  const auto port = free_port();
-  ScopedEnv master({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}});
-  auto bs = rendezvous_all(3, [&](int r) {
-    Options o = with_rank(r, 3);
-    o.init_method = r == 1 ? "env://" : "";  // both mean env://
-    return o;
+  auto bs = on_free_port([&](std::uint16_t port) {
+    ScopedEnv master({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}});
+    return rendezvous_all(3, [&](int r) {
+      Options o = with_rank(r, 3);
+      o.init_method = r == 1 ? "env://" : "";  // both mean env://
+      return o;
+    });
   });
   check_agreement(bs);
 }
