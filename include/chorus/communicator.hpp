@@ -24,6 +24,9 @@
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
+#include "chorus/core/types.hpp"
+#include "chorus/algo/common.hpp"
+#include "chorus/algo/descriptor.hpp"
 #include "chorus/options.hpp"
 
 namespace chorus {
@@ -35,6 +38,13 @@ concept ByteRange = std::ranges::contiguous_range<R> && std::ranges::sized_range
 
 template <class R>
 concept WritableByteRange = ByteRange<R> && !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
+
+/// A contiguous range of one of the ten element types (int8 ... float64, float16, bfloat16).
+template <class R>
+concept ElementRange = ByteRange<R> && Element<std::remove_cv_t<std::ranges::range_value_t<R>>>;
+
+template <class R>
+concept WritableElementRange = ElementRange<R> && WritableByteRange<R>;
 
 template <Transport T>
 class Communicator {
@@ -74,6 +84,83 @@ class Communicator {
 
   /// Returns when every rank has entered the barrier.
   void barrier();
+  Request barrier_async();
+
+  // ---- Collectives ----------------------------------------------------------------------------
+  // Every rank calls the same collectives in the same order with matching sizes, dtypes, ops and
+  // roots; a rank that does not gets `mismatch` (naming both ranks and both calls) on every rank.
+  // Sizes are in elements. Blocking forms return when this rank's part is done; *_async forms
+  // return a Request and run in the order they were called. Buffers must stay valid (and inputs
+  // unchanged) until then. Results are bitwise identical on every rank.
+
+  /// out[i] = op over ranks of in[i]; in place with one range.
+  template <WritableElementRange R>
+  void all_reduce(R&& inout, ReduceOp op) { all_reduce_start(inout, inout, op, false).wait(); }
+  template <ElementRange In, WritableElementRange Out>
+  void all_reduce(const In& in, Out&& out, ReduceOp op) { all_reduce_start(in, out, op, false).wait(); }
+  template <WritableElementRange R>
+  Request all_reduce_async(R&& inout, ReduceOp op) { return all_reduce_start(inout, inout, op, true); }
+  template <ElementRange In, WritableElementRange Out>
+  Request all_reduce_async(const In& in, Out&& out, ReduceOp op) { return all_reduce_start(in, out, op, true); }
+
+  /// root's buf goes to every rank's buf.
+  template <WritableElementRange R>
+  void broadcast(R&& buf, int root) { broadcast_start(buf, root, false).wait(); }
+  template <WritableElementRange R>
+  Request broadcast_async(R&& buf, int root) { return broadcast_start(buf, root, true); }
+
+  /// root's out = op over ranks of in; out is used on the root only (may be empty elsewhere).
+  template <ElementRange In, WritableElementRange Out>
+  void reduce(const In& in, Out&& out, ReduceOp op, int root) { reduce_start(in, out, op, root, false).wait(); }
+  template <ElementRange In, WritableElementRange Out>
+  Request reduce_async(const In& in, Out&& out, ReduceOp op, int root) { return reduce_start(in, out, op, root, true); }
+
+  /// Block p of root's in (size() blocks of out.size()) goes to rank p's out.
+  template <ElementRange In, WritableElementRange Out>
+  void scatter(const In& in, Out&& out, int root) { scatter_start(in, out, root, false).wait(); }
+  template <ElementRange In, WritableElementRange Out>
+  Request scatter_async(const In& in, Out&& out, int root) { return scatter_start(in, out, root, true); }
+
+  /// Every rank's in goes to block r of root's out (size() blocks of in.size()).
+  template <ElementRange In, WritableElementRange Out>
+  void gather(const In& in, Out&& out, int root) { gather_start(in, out, root, false).wait(); }
+  template <ElementRange In, WritableElementRange Out>
+  Request gather_async(const In& in, Out&& out, int root) { return gather_start(in, out, root, true); }
+
+  /// Every rank's in goes to block r of every rank's out (size() blocks of in.size()).
+  template <ElementRange In, WritableElementRange Out>
+  void all_gather(const In& in, Out&& out) { all_gather_start(in, out, false).wait(); }
+  template <ElementRange In, WritableElementRange Out>
+  Request all_gather_async(const In& in, Out&& out) { return all_gather_start(in, out, true); }
+
+  /// out (in.size() / size() elements) = op over ranks of block r of in.
+  template <ElementRange In, WritableElementRange Out>
+  void reduce_scatter(const In& in, Out&& out, ReduceOp op) { reduce_scatter_start(in, out, op, false).wait(); }
+  template <ElementRange In, WritableElementRange Out>
+  Request reduce_scatter_async(const In& in, Out&& out, ReduceOp op) { return reduce_scatter_start(in, out, op, true); }
+
+  /// Block p of in (size() equal blocks) goes to rank p, arriving as block r of its out.
+  template <ElementRange In, WritableElementRange Out>
+  void all_to_all(const In& in, Out&& out) { all_to_all_start(in, out, false).wait(); }
+  template <ElementRange In, WritableElementRange Out>
+  Request all_to_all_async(const In& in, Out&& out) { return all_to_all_start(in, out, true); }
+
+  // Type-erased forms, for callers that hold raw buffers. `count` is elements per rank as above:
+  // all_reduce, broadcast, reduce: the buffer; scatter: out; gather, all_gather: in;
+  // reduce_scatter: out; all_to_all: one block.
+  Request all_reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op);
+  Request broadcast_async(void* buf, std::size_t count, DataType dt, int root);
+  Request reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root);
+  Request scatter_async(const void* in, void* out, std::size_t count, DataType dt, int root);
+  Request gather_async(const void* in, void* out, std::size_t count, DataType dt, int root);
+  Request all_gather_async(const void* in, void* out, std::size_t count, DataType dt);
+  Request reduce_scatter_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op);
+  Request all_to_all_async(const void* in, void* out, std::size_t count, DataType dt);
+
+  /// A sub-group, like MPI_Comm_split / ncclCommSplit: ranks with the same color (>= 0) form one
+  /// communicator, ordered by (key, rank). Collective over this communicator. The new
+  /// communicator shares this one's links and runs concurrently with it without interference.
+  Communicator split(int color, int key);
 
   /// Fails every pending and later operation of this communicator, here and (through the links
   /// breaking) on every peer, with peer_failure. Idempotent; never blocks for long.
@@ -85,6 +172,61 @@ class Communicator {
  private:
   struct State;
   explicit Communicator(std::unique_ptr<State> s);
+
+  template <class R>
+  static constexpr DataType dtype_of() {
+    return data_type_of<std::remove_cv_t<std::ranges::range_value_t<R>>>;
+  }
+  template <class R>
+  static std::size_t count_of(const R& r) { return std::ranges::size(r); }
+  void same_size(std::size_t a, std::size_t b, const char* what) const;
+  /// Validates and runs one collective: async on the worker, or blocking (inline when idle).
+  Request start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt, ReduceOp op,
+                int root, bool async);
+  Request collective(algo::CollectiveDesc desc, algo::Args args, bool async);
+
+  template <class In, class Out>
+  Request all_reduce_start(const In& in, Out&& out, ReduceOp op, bool async) {
+    same_size(count_of(in), count_of(out), "all_reduce: in and out");
+    return start(algo::CollectiveKind::all_reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, -1, async);
+  }
+  template <class R>
+  Request broadcast_start(R&& buf, int root, bool async) {
+    return start(algo::CollectiveKind::broadcast, std::ranges::data(buf), std::ranges::data(buf), count_of(buf), dtype_of<R>(), ReduceOp::sum, root, async);
+  }
+  template <class In, class Out>
+  Request reduce_start(const In& in, Out&& out, ReduceOp op, int root, bool async) {
+    if (rank() == root) same_size(count_of(in), count_of(out), "reduce: in and out (root)");
+    return start(algo::CollectiveKind::reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, root, async);
+  }
+  template <class In, class Out>
+  Request scatter_start(const In& in, Out&& out, int root, bool async) {
+    if (rank() == root) same_size(count_of(in), count_of(out) * size(), "scatter: in (root) and size() x out");
+    return start(algo::CollectiveKind::scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), ReduceOp::sum, root, async);
+  }
+  template <class In, class Out>
+  Request gather_start(const In& in, Out&& out, int root, bool async) {
+    if (rank() == root) same_size(count_of(out), count_of(in) * size(), "gather: out (root) and size() x in");
+    return start(algo::CollectiveKind::gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, root, async);
+  }
+  template <class In, class Out>
+  Request all_gather_start(const In& in, Out&& out, bool async) {
+    same_size(count_of(out), count_of(in) * size(), "all_gather: out and size() x in");
+    return start(algo::CollectiveKind::all_gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, -1, async);
+  }
+  template <class In, class Out>
+  Request reduce_scatter_start(const In& in, Out&& out, ReduceOp op, bool async) {
+    same_size(count_of(in), count_of(out) * size(), "reduce_scatter: in and size() x out");
+    return start(algo::CollectiveKind::reduce_scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), op, -1, async);
+  }
+  template <class In, class Out>
+  Request all_to_all_start(const In& in, Out&& out, bool async) {
+    same_size(count_of(in), count_of(out), "all_to_all: in and out");
+    if (count_of(in) % size() != 0)
+      throw Error(ErrorCode::invalid_argument, ErrorContext{rank(), -1, "all_to_all"},
+                  "in has " + std::to_string(count_of(in)) + " elements, not a multiple of size() " + std::to_string(size()));
+    return start(algo::CollectiveKind::all_to_all, std::ranges::data(in), std::ranges::data(out), count_of(in) / size(), dtype_of<In>(), ReduceOp::sum, -1, async);
+  }
   std::unique_ptr<State> s_;
 };
 

@@ -29,6 +29,12 @@ struct Options {
   std::string socket_ifname;
   /// Shared secret for the connection handshake (CHORUS_JOB_TOKEN); empty: no authentication.
   std::string job_token;
+  /// Forces the collectives' algorithm ("ring", "tree", "recursive_doubling", ...; CHORUS_ALGO);
+  /// empty: the cost model picks per call. A collective the algorithm does not apply to keeps
+  /// the model's choice.
+  std::string algorithm;
+  /// Forces the pipeline slice size in bytes (CHORUS_CHUNK_BYTES); 0: the cost model's.
+  std::size_t chunk_bytes = 0;
 
   /// Reads CHORUS_TRANSPORT, CHORUS_TIMEOUT, CHORUS_SOCKET_IFNAME, CHORUS_JOB_TOKEN. Rank, world
   /// size and the init method are resolved at rendezvous (bootstrap/launch_env.hpp). A value that
@@ -50,6 +56,11 @@ struct Options {
     if (auto v = detail::env_string("CHORUS_TIMEOUT")) timeout = detail::parse_seconds(*v, "CHORUS_TIMEOUT");
     if (auto v = detail::env_string("CHORUS_SOCKET_IFNAME")) socket_ifname = *v;
     if (auto v = detail::env_string("CHORUS_JOB_TOKEN")) job_token = *v;
+    if (auto v = detail::env_string("CHORUS_ALGO")) algorithm = *v;
+    if (auto v = detail::env_string("CHORUS_CHUNK_BYTES")) {
+      chunk_bytes = detail::parse_bytes(*v, "CHORUS_CHUNK_BYTES");
+      if (chunk_bytes == 0) throw Error(ErrorCode::invalid_argument, "CHORUS_CHUNK_BYTES must be positive");
+    }
   }
 };
 

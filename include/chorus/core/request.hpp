@@ -42,20 +42,9 @@ class RequestState {
   }
   /// Marks failure. The error travels as plain data (code and text) and is thrown anew by the
   /// thread that waits, so no exception object is shared between threads.
-  void fail(ErrorCode code, const std::string& msg) {
-    std::function<void()> then;
-    {
-      std::lock_guard lk(mu_);
-      if (done_) return;
-      done_ = true;
-      failed_ = true;
-      code_ = code;
-      what_ = Error(code, ctx_, msg).what();
-      then = std::move(then_);
-    }
-    cv_.notify_all();
-    if (then) then();
-  }
+  void fail(ErrorCode code, const std::string& msg) { fail_text(code, Error(code, ctx_, msg).what()); }
+  /// Marks failure with an error raised elsewhere (its text and code are kept as they are).
+  void fail(const Error& e) { fail_text(e.code(), e.what()); }
 
   bool done() const {
     std::lock_guard lk(mu_);
@@ -113,6 +102,21 @@ class RequestState {
   }
 
  private:
+  void fail_text(ErrorCode code, std::string what) {
+    std::function<void()> then;
+    {
+      std::lock_guard lk(mu_);
+      if (done_) return;
+      done_ = true;
+      failed_ = true;
+      code_ = code;
+      what_ = std::move(what);
+      then = std::move(then_);
+    }
+    cv_.notify_all();
+    if (then) then();
+  }
+
   Error error_locked() const { return Error::from_text(code_, what_, ctx_.rank, ctx_.peer); }
 
   mutable std::mutex mu_;

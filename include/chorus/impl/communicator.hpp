@@ -1,33 +1,127 @@
 #pragma once
 // Bodies of Communicator<Transport>; included at the bottom of communicator.hpp.
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 
+#include "chorus/algo/channel.hpp"
+#include "chorus/algo/direct.hpp"
+#include "chorus/algo/double_tree.hpp"
+#include "chorus/algo/ring.hpp"
+#include "chorus/algo/select.hpp"
+#include "chorus/algo/tree.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/detail/log.hpp"
+#include "chorus/detail/serial_executor.hpp"
 #include "chorus/transport/matching.hpp"
 
 namespace chorus {
 
+namespace detail {
+
+/// How a rank that detects a collective mismatch tells the others: a fixed-size message on the
+/// group's error tag, which every rank keeps a receive posted for.
+struct ErrorNotice {
+  static constexpr std::size_t kBytes = 1024;
+  std::uint32_t code = 0;
+  std::uint32_t length = 0;
+  char text[kBytes - 8] = {};
+};
+static_assert(sizeof(ErrorNotice) == ErrorNotice::kBytes);
+
+inline void check_p2p_args(int rank, int size, int peer, int tag, const char* verb) {
+  if (peer < 0 || peer >= size)
+    throw Error(ErrorCode::invalid_argument, ErrorContext{rank, peer, std::string(verb) + " tag " + std::to_string(tag)},
+                "peer " + std::to_string(peer) + " is not a rank of this communicator (size " + std::to_string(size) + ")");
+  if (tag < 0)
+    throw Error(ErrorCode::invalid_argument, ErrorContext{rank, peer, std::string(verb) + " tag " + std::to_string(tag)},
+                "tags must be non-negative");
+}
+
+}  // namespace detail
+
 template <Transport T>
 struct Communicator<T>::State {
-  Bootstrap boot;
-  std::unique_ptr<T> transport;
-  Tag context = 0;                  ///< high bits of every tag of this communicator
-  std::uint64_t barrier_seq = 0;    ///< barriers called so far (identical on every rank)
+  Bootstrap boot;                   ///< of the job (shared by sub-communicators)
+  std::shared_ptr<T> transport;     ///< shared with sub-communicators
+  algo::Group<T> group;
+  algo::Overrides overrides;
+  algo::Scratch scratch;
+  std::uint64_t coll_seq = 0;       ///< collectives called so far (identical on every rank)
+  std::uint64_t split_seq = 0;
+  /// One receive buffer per peer, owned jointly with the pending receives' callbacks: a receive
+  /// still posted in a shared link when this communicator is gone keeps its buffer alive.
+  std::shared_ptr<std::vector<detail::ErrorNotice>> notices;
+  std::vector<Request> notice_recvs;
   std::atomic<bool> aborted{false};
+  detail::SerialExecutor exec;      ///< declared last: joined first, before anything it uses goes
 
-  ErrorContext ctx(int peer, std::string op) const { return {boot.rank, peer, std::move(op)}; }
+  ErrorContext ctx(int peer, std::string op) const { return {group.rank, peer, std::move(op)}; }
+
+  Tag error_tag() const { return group.context | detail::kInternalTagBit | algo::kTagClassError; }
+
+  /// Posts the receives that learn of a mismatch another rank detected.
+  void watch_for_errors() {
+    const int n = group.size();
+    notices = std::make_shared<std::vector<detail::ErrorNotice>>(static_cast<std::size_t>(n));
+    for (int p = 0; p < n; ++p) {
+      if (p == group.rank) continue;
+      auto* notice = &(*notices)[p];
+      Request r = group.transport->link(group.members[p]).irecv(
+          MutableBytes{reinterpret_cast<std::byte*>(notice), sizeof(detail::ErrorNotice)}, error_tag());
+      std::weak_ptr<T> weak = transport;
+      const int me = group.rank;
+      r.state()->then([weak, notice, me, keep = notices, st = std::weak_ptr<detail::RequestState>(r.state())] {
+        auto s = st.lock();
+        auto t = weak.lock();
+        if (!s || !t || s->failed()) return;  // the link closed: nothing was reported
+        const std::size_t len = std::min<std::size_t>(notice->length, sizeof notice->text);
+        const std::string text(notice->text, len);
+        detail::log(detail::LogLevel::info, me, "a peer reported: ", text);
+        t->abort(Error::from_text(static_cast<ErrorCode>(notice->code), text, me, -1));
+      });
+      notice_recvs.push_back(std::move(r));
+    }
+  }
+
+  /// Tells every peer about `e` (bounded wait for the messages to leave), then aborts with it.
+  void spread(const Error& e) {
+    detail::ErrorNotice n;
+    n.code = static_cast<std::uint32_t>(e.code());
+    const std::string text = e.what();
+    n.length = static_cast<std::uint32_t>(std::min(text.size(), sizeof n.text));
+    std::memcpy(n.text, text.data(), n.length);
+    std::vector<Request> sends;
+    for (int p = 0; p < group.size(); ++p)
+      if (p != group.rank)
+        sends.push_back(group.transport->link(group.members[p]).isend(
+            ConstBytes{reinterpret_cast<const std::byte*>(&n), sizeof n}, error_tag()));
+    for (auto& s : sends) {
+      try {
+        s.wait();
+      } catch (...) {  // that peer is gone already
+      }
+    }
+    transport->abort(e);
+  }
 };
 
 template <Transport T>
 Communicator<T> Communicator<T>::create(Options options) {
   auto s = std::make_unique<State>();
   s->boot = rendezvous(std::move(options));
-  s->transport = std::make_unique<T>(s->boot);
+  s->transport = std::make_shared<T>(s->boot);
+  s->group.transport = s->transport.get();
+  s->group.rank = s->boot.rank;
+  s->group.members.resize(static_cast<std::size_t>(s->boot.size));
+  for (int r = 0; r < s->boot.size; ++r) s->group.members[r] = r;
+  s->overrides = algo::Overrides::from(s->boot.options);
+  s->watch_for_errors();
   detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready: ", s->boot.size, " ranks over ", T::kName);
   return Communicator(std::move(s));
 }
@@ -40,12 +134,12 @@ Communicator<T>::~Communicator() = default;
 
 template <Transport T>
 int Communicator<T>::rank() const {
-  return s_->boot.rank;
+  return s_->group.rank;
 }
 
 template <Transport T>
 int Communicator<T>::size() const {
-  return s_->boot.size;
+  return s_->group.size();
 }
 
 template <Transport T>
@@ -58,41 +152,197 @@ T& Communicator<T>::transport() {
   return *s_->transport;
 }
 
-namespace detail {
-inline void check_p2p_args(int rank, int size, int peer, int tag, const char* verb) {
-  if (peer < 0 || peer >= size)
-    throw Error(ErrorCode::invalid_argument, ErrorContext{rank, peer, std::string(verb) + " tag " + std::to_string(tag)},
-                "peer " + std::to_string(peer) + " is not a rank of this communicator (size " + std::to_string(size) + ")");
-  if (tag < 0)
-    throw Error(ErrorCode::invalid_argument, ErrorContext{rank, peer, std::string(verb) + " tag " + std::to_string(tag)},
-                "tags must be non-negative");
-}
-}  // namespace detail
-
 template <Transport T>
 Request Communicator<T>::isend_bytes(ConstBytes data, int peer, int tag) {
   detail::check_p2p_args(rank(), size(), peer, tag, "send");
-  return s_->transport->link(peer).isend(data, s_->context | static_cast<Tag>(tag));
+  return s_->transport->link(s_->group.members[peer]).isend(data, s_->group.context | static_cast<Tag>(tag));
 }
 
 template <Transport T>
 Request Communicator<T>::irecv_bytes(MutableBytes data, int peer, int tag) {
   detail::check_p2p_args(rank(), size(), peer, tag, "recv");
-  return s_->transport->link(peer).irecv(data, s_->context | static_cast<Tag>(tag));
+  return s_->transport->link(s_->group.members[peer]).irecv(data, s_->group.context | static_cast<Tag>(tag));
 }
 
-/// Dissemination barrier: in round k every rank signals rank + 2^k and waits for rank - 2^k;
-/// after ceil(log2 P) rounds every rank has heard, directly or not, from every other.
+template <Transport T>
+void Communicator<T>::same_size(std::size_t a, std::size_t b, const char* what) const {
+  if (a != b)
+    throw Error(ErrorCode::invalid_argument, ErrorContext{rank(), -1, what},
+                "sizes differ: " + std::to_string(a) + " vs " + std::to_string(b) + " elements");
+}
+
+/// Every collective goes through here: pick the algorithm, run it in call order (on this thread
+/// when blocking and idle, else on the communicator's worker), spread a mismatch to every rank.
+template <Transport T>
+Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, bool async) {
+  State& st = *s_;
+  desc.seq = st.coll_seq++;
+  args.dtype = desc.dtype;
+  args.op = desc.op;
+  args.root = desc.root;
+  args.count = desc.count;
+  const int n = size();
+  if (desc.root >= n || (desc.root < 0 && (desc.kind == algo::CollectiveKind::broadcast ||
+                                           desc.kind == algo::CollectiveKind::reduce ||
+                                           desc.kind == algo::CollectiveKind::scatter ||
+                                           desc.kind == algo::CollectiveKind::gather)))
+    throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
+                "root " + std::to_string(desc.root) + " is not a rank of this communicator (size " + std::to_string(n) + ")");
+  const auto model = T::kName == std::string_view("inproc") ? algo::kInprocModel : algo::kTcpModel;
+  const auto choice = algo::select(desc.kind, args.bytes(desc.count), n, model, st.overrides);
+  args.slice_bytes = choice.slice_bytes;
+  detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
+              ", slices of ", choice.slice_bytes, " bytes");
+
+  auto req = std::make_shared<detail::RequestState>(st.ctx(-1, algo::describe(desc)), st.boot.options.timeout);
+  std::weak_ptr<T> weak = st.transport;
+  req->set_on_timeout([weak](const Error& e) {
+    if (auto t = weak.lock()) t->abort(e);
+  });
+  auto task = [&st, desc, args, choice] {
+    algo::Channel<T> ch(st.group, desc, [&st](const Error& e) { st.spread(e); });
+    if (st.group.size() == 1) {  // nothing to exchange; the algorithms' local steps still apply
+      algo::Args a = args;
+      a.root = 0;
+      switch (desc.kind) {
+        case algo::CollectiveKind::barrier: return;
+        case algo::CollectiveKind::reduce_scatter:
+        case algo::CollectiveKind::all_reduce:
+        case algo::CollectiveKind::reduce:
+        case algo::CollectiveKind::all_gather:
+        case algo::CollectiveKind::gather:
+        case algo::CollectiveKind::scatter:
+        case algo::CollectiveKind::all_to_all:
+        case algo::CollectiveKind::broadcast:
+          algo::copy_if_distinct(a.out, a.in, a.bytes(a.count));
+          return;  // avg over one rank is the identity
+        case algo::CollectiveKind::split: return;
+      }
+    }
+    switch (desc.kind) {
+      case algo::CollectiveKind::all_reduce:
+        if (choice.algorithm == algo::Algorithm::ring) return algo::ring_all_reduce(ch, args, st.scratch);
+        if (choice.algorithm == algo::Algorithm::tree) return algo::double_tree_all_reduce(ch, args, st.scratch);
+        return algo::recursive_doubling_all_reduce(ch, args, st.scratch);
+      case algo::CollectiveKind::broadcast: return algo::binomial_broadcast(ch, args);
+      case algo::CollectiveKind::reduce: return algo::binomial_reduce(ch, args, st.scratch);
+      case algo::CollectiveKind::scatter: return algo::direct_scatter(ch, args);
+      case algo::CollectiveKind::gather: return algo::direct_gather(ch, args);
+      case algo::CollectiveKind::all_gather: return algo::ring_all_gather(ch, args, st.scratch);
+      case algo::CollectiveKind::reduce_scatter: return algo::ring_reduce_scatter(ch, args, st.scratch);
+      case algo::CollectiveKind::all_to_all: return algo::pairwise_all_to_all(ch, args);
+      case algo::CollectiveKind::barrier:
+      case algo::CollectiveKind::split: return algo::dissemination_barrier(ch);
+    }
+  };
+  if (async) {
+    st.exec.submit(task, req);
+  } else {
+    st.exec.run(task, req);
+    req->complete();
+  }
+  return Request(req);
+}
+
+template <Transport T>
+Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt,
+                               ReduceOp op, int root, bool async) {
+  algo::CollectiveDesc d;
+  d.kind = kind;
+  d.count = count;
+  d.dtype = dt;
+  d.op = op;
+  d.root = root;
+  algo::Args a;
+  a.in = static_cast<const std::byte*>(in);
+  a.out = static_cast<std::byte*>(out);
+  return collective(d, a, async);
+}
+
+template <Transport T>
+Request Communicator<T>::all_reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
+  return start(algo::CollectiveKind::all_reduce, in, out, count, dt, op, -1, true);
+}
+template <Transport T>
+Request Communicator<T>::broadcast_async(void* buf, std::size_t count, DataType dt, int root) {
+  return start(algo::CollectiveKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root, true);
+}
+template <Transport T>
+Request Communicator<T>::reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root) {
+  return start(algo::CollectiveKind::reduce, in, out, count, dt, op, root, true);
+}
+template <Transport T>
+Request Communicator<T>::scatter_async(const void* in, void* out, std::size_t count, DataType dt, int root) {
+  return start(algo::CollectiveKind::scatter, in, out, count, dt, ReduceOp::sum, root, true);
+}
+template <Transport T>
+Request Communicator<T>::gather_async(const void* in, void* out, std::size_t count, DataType dt, int root) {
+  return start(algo::CollectiveKind::gather, in, out, count, dt, ReduceOp::sum, root, true);
+}
+template <Transport T>
+Request Communicator<T>::all_gather_async(const void* in, void* out, std::size_t count, DataType dt) {
+  return start(algo::CollectiveKind::all_gather, in, out, count, dt, ReduceOp::sum, -1, true);
+}
+template <Transport T>
+Request Communicator<T>::reduce_scatter_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
+  return start(algo::CollectiveKind::reduce_scatter, in, out, count, dt, op, -1, true);
+}
+template <Transport T>
+Request Communicator<T>::all_to_all_async(const void* in, void* out, std::size_t count, DataType dt) {
+  return start(algo::CollectiveKind::all_to_all, in, out, count, dt, ReduceOp::sum, -1, true);
+}
+
 template <Transport T>
 void Communicator<T>::barrier() {
-  const int n = size(), r = rank();
-  const Tag tag = s_->context | detail::kInternalTagBit | (Tag(1) << 40) | (s_->barrier_seq++ & 0xffffffffffull);
-  for (int k = 1; k < n; k <<= 1) {
-    Request in = s_->transport->link((r - k + n) % n).irecv(MutableBytes{}, tag);
-    Request out = s_->transport->link((r + k) % n).isend(ConstBytes{}, tag);
-    out.wait();
-    in.wait();
+  start(algo::CollectiveKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, -1, false).wait();
+}
+template <Transport T>
+Request Communicator<T>::barrier_async() {
+  return start(algo::CollectiveKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, -1, true);
+}
+
+template <Transport T>
+Communicator<T> Communicator<T>::split(int color, int key) {
+  State& st = *s_;
+  if (color < 0)
+    throw Error(ErrorCode::invalid_argument, st.ctx(-1, "split"), "color must be non-negative (got " + std::to_string(color) + ")");
+  // 1. Everyone learns everyone's (color, key) through an all-gather on this communicator.
+  const int n = size();
+  std::vector<std::int64_t> mine = {color, key}, all(2 * static_cast<std::size_t>(n));
+  all_gather(mine, all);
+  // 2. My group: the ranks of my color, ordered by (key, rank).
+  std::vector<std::tuple<std::int64_t, int>> order;
+  for (int r = 0; r < n; ++r)
+    if (all[2 * r] == color) order.emplace_back(all[2 * r + 1], r);
+  std::sort(order.begin(), order.end());
+  auto sub = std::make_unique<State>();
+  sub->boot = st.boot;
+  sub->transport = st.transport;
+  sub->group.transport = st.transport.get();
+  for (auto& [k, r] : order) {
+    if (r == rank()) sub->group.rank = static_cast<int>(sub->group.members.size());
+    sub->group.members.push_back(st.group.members[r]);
   }
+  sub->overrides = st.overrides;
+  // 3. A context id unique in the job: the group's first member draws it from the store, the
+  //    others read it. Tags carry it, so the groups never see each other's messages.
+  const std::string key_name = "split/" + std::to_string(st.group.context >> detail::kContextShift) + "/" +
+                               std::to_string(st.split_seq++) + "/" + std::to_string(color);
+  std::int64_t id = 0;
+  if (sub->group.rank == 0) {
+    id = st.boot.store->add("split/next_context", 1);
+    st.boot.store->set(key_name, std::to_string(id));
+  } else {
+    id = std::stoll(st.boot.store->get(key_name, st.boot.options.timeout));
+  }
+  if (id <= 0 || id >= (1 << 16))
+    throw Error(ErrorCode::unsupported, st.ctx(-1, "split"), "more than 65535 sub-communicators in one job");
+  sub->group.context = static_cast<Tag>(id) << detail::kContextShift;
+  sub->watch_for_errors();
+  // 4. Nobody uses the new group before everyone has posted its error watch.
+  Communicator c(std::move(sub));
+  c.barrier();
+  return c;
 }
 
 template <Transport T>

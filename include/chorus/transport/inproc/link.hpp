@@ -44,6 +44,7 @@ struct Mailbox {
   chorus::detail::TagMatcher<RecvOp, Arrival> matcher;
   bool broken = false;
   std::string broken_reason;
+  ErrorCode broken_code = ErrorCode::peer_failure;
 };
 
 /// Deferred completions: run once the mailbox lock is released.
@@ -111,7 +112,7 @@ class Link {
     detail::Completions done;
     std::lock_guard lk(out_->mu);
     if (out_->broken) {
-      done.fail(req, ErrorCode::peer_failure, out_->broken_reason);
+      done.fail(req, out_->broken_code, out_->broken_reason);
       return Request(req);
     }
     if (auto r = out_->matcher.take_posted(tag)) {
@@ -135,7 +136,7 @@ class Link {
     if (in_->matcher.take_unexpected(tag, [&](detail::Arrival& a) { detail::deliver(a, r, done); })) {
       // delivered
     } else if (in_->broken) {
-      done.fail(req, ErrorCode::peer_failure, in_->broken_reason);
+      done.fail(req, in_->broken_code, in_->broken_reason);
     } else {
       in_->matcher.add_posted(tag, std::move(r));
     }

@@ -28,14 +28,14 @@ class World {
 
   /// Breaks every mailbox into and out of `rank`: pending receives and rendezvous sends fail with
   /// peer_failure; messages already copied stay receivable, as bytes already in a socket do.
-  void break_rank(int rank, const std::string& why) {
+  void break_rank(int rank, const std::string& why, ErrorCode code = ErrorCode::peer_failure) {
     // p's messages to rank first: nobody is left to receive them. Only then rank's messages to p
     // (what was copied stays receivable): failing those wakes p, and p must already find its
     // sends to rank refused.
     for (int p = 0; p < size_; ++p)
-      if (p != rank) break_box(box(p, rank), "rank " + std::to_string(rank) + " " + why, /*keep_eager=*/false);
+      if (p != rank) break_box(box(p, rank), "rank " + std::to_string(rank) + " " + why, /*keep_eager=*/false, code);
     for (int p = 0; p < size_; ++p)
-      if (p != rank) break_box(box(rank, p), "peer " + std::to_string(rank) + " " + why, /*keep_eager=*/true);
+      if (p != rank) break_box(box(rank, p), "peer " + std::to_string(rank) + " " + why, /*keep_eager=*/true, code);
   }
 
   /// Process-wide registry: the World of the job with this nonce, created by the first rank.
@@ -57,17 +57,18 @@ class World {
   }
 
  private:
-  static void break_box(Mailbox& b, const std::string& why, bool keep_eager) {
+  static void break_box(Mailbox& b, const std::string& why, bool keep_eager, ErrorCode code) {
     Completions done;
     std::lock_guard lk(b.mu);
     if (b.broken) return;
     b.broken = true;
     b.broken_reason = why;
-    b.matcher.drain_posted([&](RecvOp& r) { done.fail(r.req, ErrorCode::peer_failure, why); });
+    b.broken_code = code;
+    b.matcher.drain_posted([&](RecvOp& r) { done.fail(r.req, code, why); });
     // A rendezvous send points at its sender's buffer, which may be gone: fail it either way.
     b.matcher.remove_unexpected_if([&](Arrival& a) {
       if (auto* z = std::get_if<RendezvousArrival>(&a)) {
-        done.fail(z->send_req, ErrorCode::peer_failure, why);
+        done.fail(z->send_req, code, why);
         return true;
       }
       return !keep_eager;
@@ -110,7 +111,7 @@ class Transport {
   int size() const { return size_; }
   Link& link(int peer) { return links_.at(peer); }
 
-  void abort(const Error& why) { world_->break_rank(rank_, std::string("aborted: ") + why.what()); }
+  void abort(const Error& why) { world_->break_rank(rank_, std::string("aborted: ") + why.what(), why.code()); }
 
  private:
   int rank_;

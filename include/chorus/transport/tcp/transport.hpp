@@ -63,7 +63,9 @@ class Transport {
     return *engine_->links[static_cast<std::size_t>(peer)];
   }
 
-  void abort(const Error& why) { engine_->fail_all(ErrorCode::peer_failure, std::string("aborted: ") + why.what()); }
+  /// Fails every link with why's code (peer_failure for a user abort, mismatch when a collective
+  /// mismatch is being spread); peers see their connections close.
+  void abort(const Error& why) { engine_->fail_all(why.code(), std::string("aborted: ") + why.what()); }
 
  private:
   void connect_all(const Bootstrap& b);

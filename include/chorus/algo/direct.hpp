@@ -1,0 +1,63 @@
+#pragma once
+/// Direct and pairwise algorithms: gather and scatter straight between the root and every rank
+/// (P-1 messages at the root, all in flight at once: over links with their own connection per
+/// pair this is bandwidth-optimal at the root, and its latency term is one message, not log P),
+/// all-to-all by pairwise exchange (P-1 steps, step k: send to r+k, receive from r-k), and the
+/// dissemination barrier.
+
+#include <vector>
+
+#include "chorus/algo/channel.hpp"
+#include "chorus/algo/common.hpp"
+#include "chorus/topology/tree.hpp"
+
+namespace chorus::algo {
+
+/// Gather: every rank's in (count elements) lands in block r of the root's out (P blocks).
+template <Transport T>
+void direct_gather(Channel<T>& ch, const Args& a) {
+  const int n = ch.size(), r = ch.rank();
+  const std::size_t block = a.bytes(a.count);
+  if (r != a.root) return ch.send(a.root, cbytes(a.in, block));
+  std::vector<typename Channel<T>::Op> recvs;
+  for (int p = 0; p < n; ++p)
+    if (p != r) recvs.push_back(ch.irecv(p, mbytes(a.out + block * p, block)));
+  copy_if_distinct(a.out + block * r, a.in, block);
+  ch.wait_all(recvs);
+}
+
+/// Scatter: block p of the root's in (P blocks of count) goes to rank p's out.
+template <Transport T>
+void direct_scatter(Channel<T>& ch, const Args& a) {
+  const int n = ch.size(), r = ch.rank();
+  const std::size_t block = a.bytes(a.count);
+  if (r != a.root) return ch.recv(a.root, mbytes(a.out, block));
+  std::vector<typename Channel<T>::Op> sends;
+  for (int p = 0; p < n; ++p)
+    if (p != r) sends.push_back(ch.isend(p, cbytes(a.in + block * p, block)));
+  copy_if_distinct(a.out, a.in + block * r, block);
+  ch.wait_all(sends);
+}
+
+/// All-to-all: block p of in goes to rank p, arriving as block r of its out.
+template <Transport T>
+void pairwise_all_to_all(Channel<T>& ch, const Args& a) {
+  const int n = ch.size(), r = ch.rank();
+  const std::size_t block = a.bytes(a.count);
+  copy_if_distinct(a.out + block * r, a.in + block * r, block);
+  for (int k = 1; k < n; ++k) {
+    const int to = (r + k) % n, from = (r - k + n) % n;
+    ch.sendrecv(to, cbytes(a.in + block * to, block), from, mbytes(a.out + block * from, block));
+  }
+}
+
+/// Barrier: in round k signal r + 2^k and wait for r - 2^k (empty messages).
+template <Transport T>
+void dissemination_barrier(Channel<T>& ch) {
+  const int n = ch.size(), r = ch.rank();
+  for (int k = 0; k < topology::dissemination_rounds(n); ++k)
+    ch.sendrecv(topology::dissemination_send_peer(r, k, n), ConstBytes{},
+                topology::dissemination_recv_peer(r, k, n), MutableBytes{});
+}
+
+}  // namespace chorus::algo

@@ -1,0 +1,129 @@
+#pragma once
+/// The cost model that picks an algorithm and a slice size per call. Each algorithm costs
+/// (messages on the critical path) x alpha + (bytes on the critical path) x beta, with alpha and
+/// beta per transport (TransportModel). CHORUS_ALGO forces an algorithm, CHORUS_CHUNK_BYTES the
+/// slice size; both are validated, and the choice is logged at INFO.
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "chorus/algo/descriptor.hpp"
+#include "chorus/detail/env.hpp"
+#include "chorus/options.hpp"
+#include "chorus/topology/tree.hpp"
+
+namespace chorus::algo {
+
+enum class Algorithm { automatic, ring, tree, recursive_doubling, binomial, direct, pairwise, dissemination };
+
+constexpr std::string_view to_string(Algorithm a) noexcept {
+  switch (a) {
+    case Algorithm::automatic: return "auto";
+    case Algorithm::ring: return "ring";
+    case Algorithm::tree: return "tree";
+    case Algorithm::recursive_doubling: return "recursive_doubling";
+    case Algorithm::binomial: return "binomial";
+    case Algorithm::direct: return "direct";
+    case Algorithm::pairwise: return "pairwise";
+    case Algorithm::dissemination: return "dissemination";
+  }
+  return "unknown";
+}
+
+inline Algorithm parse_algorithm(std::string_view s, std::string_view what) {
+  for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::tree, Algorithm::recursive_doubling,
+                      Algorithm::binomial, Algorithm::direct, Algorithm::pairwise, Algorithm::dissemination})
+    if (s == to_string(a)) return a;
+  throw Error(ErrorCode::invalid_argument,
+              std::string(what) + "='" + std::string(s) +
+                  "' is not one of auto, ring, tree, recursive_doubling, binomial, direct, pairwise, dissemination");
+}
+
+/// Latency per message (seconds) and time per byte (seconds) of a transport.
+struct TransportModel {
+  double alpha;
+  double beta;
+};
+/// Loopback TCP on a 2-core machine: ~30 us per message, ~3 GB/s (bench/p2p/tcp_pingpong).
+inline constexpr TransportModel kTcpModel{30e-6, 1.0 / 3e9};
+/// Threads of one process: a lock and a memcpy.
+inline constexpr TransportModel kInprocModel{2e-6, 1.0 / 8e9};
+
+/// Host reduction speed per byte of buffer: float32 sum of 64 MiB runs at ~30 GB/s of traffic
+/// (3 bytes moved per byte reduced) on a busy 2-core machine (bench/micro/reduce_bench).
+inline constexpr double kReduceSecondsPerByte = 1.0 / 10e9;
+
+struct Choice {
+  Algorithm algorithm;
+  std::size_t slice_bytes;
+};
+
+/// What the caller forced (Options::algorithm, Options::chunk_bytes, filled from CHORUS_ALGO and
+/// CHORUS_CHUNK_BYTES by Options::apply_env).
+struct Overrides {
+  Algorithm algorithm = Algorithm::automatic;
+  std::size_t slice_bytes = 0;  ///< 0: the model's
+
+  static Overrides from(const Options& o) {
+    Overrides r;
+    if (!o.algorithm.empty()) r.algorithm = parse_algorithm(o.algorithm, "the algorithm (CHORUS_ALGO)");
+    r.slice_bytes = o.chunk_bytes;
+    return r;
+  }
+};
+
+/// Slices: big enough that per-message latency is amortised (4 alpha/beta bytes, ~360 KiB on
+/// tcp), small enough to pipeline: a power of two between 64 KiB and 1 MiB; or the override.
+inline std::size_t slice_bytes(const TransportModel& m, const Overrides& o) {
+  if (o.slice_bytes != 0) return o.slice_bytes;
+  const double amortise = 4 * m.alpha / m.beta;
+  std::size_t slice = 64 << 10;
+  while (slice < amortise && slice < (1u << 20)) slice <<= 1;
+  return slice;
+}
+
+/// The algorithms each collective has, and the model's pick.
+inline Choice select(CollectiveKind kind, std::size_t bytes, int n, const TransportModel& m, const Overrides& o) {
+  const double P = n, B = static_cast<double>(bytes);
+  Algorithm pick = Algorithm::automatic;
+  switch (kind) {
+    case CollectiveKind::all_reduce: {
+      const double slice = static_cast<double>(slice_bytes(m, o));
+      // ring: 2(P-1) steps of B/P bytes.
+      const double ring = 2 * (P - 1) * (m.alpha + B / P * m.beta);
+      // recursive doubling: log P steps (+2 folds when P is not a power of two) of B bytes, each
+      // followed by a reduction of B bytes that nothing overlaps (the ring's slices hide theirs).
+      const double folds = (n & (n - 1)) ? 2 : 0;
+      const double rd = (std::floor(std::log2(P)) + folds) * (m.alpha + B * (m.beta + kReduceSecondsPerByte));
+      // double binary tree: each half goes up and down a tree of depth log P in slices; the
+      // pipeline takes 2 log P + S - 1 slice-steps, S = slices per half. In a step an inner node
+      // moves two slices per tree (two children) and both trees run at once: 4 slices of bytes.
+      const double per_tree = std::max(1.0, std::ceil(B / 2 / slice));
+      const double tree =
+          (2 * std::ceil(std::log2(P)) + per_tree - 1) * (m.alpha + 4 * std::min(slice, B / 2) * m.beta);
+      pick = Algorithm::ring;
+      if (rd <= ring && rd <= tree) pick = Algorithm::recursive_doubling;
+      else if (tree < ring) pick = Algorithm::tree;
+      if (o.algorithm == Algorithm::ring || o.algorithm == Algorithm::recursive_doubling || o.algorithm == Algorithm::tree)
+        pick = o.algorithm;
+      break;
+    }
+    case CollectiveKind::broadcast:
+    case CollectiveKind::reduce:
+      pick = Algorithm::binomial;  // pipelined chain (broadcast) and ring (reduce) are to come
+      break;
+    case CollectiveKind::all_gather:
+    case CollectiveKind::reduce_scatter: pick = Algorithm::ring; break;
+    case CollectiveKind::gather:
+    case CollectiveKind::scatter: pick = Algorithm::direct; break;
+    case CollectiveKind::all_to_all: pick = Algorithm::pairwise; break;
+    case CollectiveKind::barrier:
+    case CollectiveKind::split: pick = Algorithm::dissemination; break;
+  }
+  const std::size_t slice = slice_bytes(m, o);
+  return {pick, slice};
+}
+
+}  // namespace chorus::algo
