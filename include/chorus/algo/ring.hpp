@@ -128,3 +128,58 @@ void ring_all_gather(Channel<T>& ch, const Args& a, Scratch& s) {
 }
 
 }  // namespace chorus::algo
+
+namespace chorus::algo {
+
+/// Broadcast along a pipelined chain root -> root+1 -> ... : the buffer is cut into slices and
+/// every rank forwards slice j while slice j+1 is still arriving. Each rank sends B once:
+/// bandwidth-optimal for large messages; latency (P-1) alpha + (slices) steps.
+template <Transport T>
+void chain_broadcast(Channel<T>& ch, const Args& a) {
+  const int n = ch.size(), r = ch.rank();
+  const int v = topology::to_virtual(r, a.root, n);
+  const int from = v == 0 ? -1 : topology::to_real(v - 1, a.root, n);
+  const int to = v == n - 1 ? -1 : topology::to_real(v + 1, a.root, n);
+  const std::size_t se = slice_elems(a);
+  const std::size_t slices = std::max<std::size_t>(1, (a.count + se - 1) / se);
+  auto slice = [&](std::size_t j) {
+    const std::size_t off = std::min(j * se, a.count);
+    return std::pair{a.out + a.bytes(off), a.bytes(std::min(se, a.count - off))};
+  };
+  // 1. Post every receive from the predecessor at once (they land in place, in order).
+  std::vector<typename Channel<T>::Op> recvs, sends;
+  if (from >= 0)
+    for (std::size_t j = 0; j < slices; ++j) recvs.push_back(ch.irecv(from, mbytes(slice(j).first, slice(j).second)));
+  // 2. Forward each slice as soon as it is here.
+  for (std::size_t j = 0; j < slices; ++j) {
+    if (from >= 0) ch.wait(recvs[j]);
+    if (to >= 0) sends.push_back(ch.isend(to, cbytes(slice(j).first, slice(j).second)));
+  }
+  ch.wait_all(sends);
+}
+
+/// Reduce to the root as a ring reduce-scatter (every rank ends with one reduced chunk) followed
+/// by a gather of the chunks to the root: (P-1)/P B per phase per rank, instead of the binomial
+/// tree's B per level, for large messages.
+template <Transport T>
+void ring_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
+  const int n = ch.size(), r = ch.rank();
+  std::byte* work = s.work(a.bytes(a.count));
+  copy_if_distinct(work, a.in, a.bytes(a.count));
+  // 1. Reduce-scatter in the work area: chunk r is complete here.
+  ring_reduce_scatter_in_place(ch, a, work, a.count, s);
+  const std::size_t begin = topology::chunk_begin(r, a.count, n), len = topology::chunk_size(r, a.count, n);
+  if (a.op == ReduceOp::avg) chorus::finalize_avg(a.dtype, work + a.bytes(begin), len, n);
+  // 2. Gather the chunks at the root (one message per rank, empty chunks included).
+  if (r != a.root) return ch.send(a.root, cbytes(work + a.bytes(begin), a.bytes(len)));
+  std::vector<typename Channel<T>::Op> recvs;
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    recvs.push_back(ch.irecv(p, mbytes(a.out + a.bytes(topology::chunk_begin(p, a.count, n)),
+                                       a.bytes(topology::chunk_size(p, a.count, n)))));
+  }
+  copy_if_distinct(a.out + a.bytes(begin), work + a.bytes(begin), a.bytes(len));
+  ch.wait_all(recvs);
+}
+
+}  // namespace chorus::algo

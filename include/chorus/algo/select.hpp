@@ -16,7 +16,7 @@
 
 namespace chorus::algo {
 
-enum class Algorithm { automatic, ring, tree, recursive_doubling, binomial, direct, pairwise, dissemination };
+enum class Algorithm { automatic, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination };
 
 constexpr std::string_view to_string(Algorithm a) noexcept {
   switch (a) {
@@ -25,6 +25,7 @@ constexpr std::string_view to_string(Algorithm a) noexcept {
     case Algorithm::tree: return "tree";
     case Algorithm::recursive_doubling: return "recursive_doubling";
     case Algorithm::binomial: return "binomial";
+    case Algorithm::chain: return "chain";
     case Algorithm::direct: return "direct";
     case Algorithm::pairwise: return "pairwise";
     case Algorithm::dissemination: return "dissemination";
@@ -34,11 +35,11 @@ constexpr std::string_view to_string(Algorithm a) noexcept {
 
 inline Algorithm parse_algorithm(std::string_view s, std::string_view what) {
   for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::tree, Algorithm::recursive_doubling,
-                      Algorithm::binomial, Algorithm::direct, Algorithm::pairwise, Algorithm::dissemination})
+                      Algorithm::binomial, Algorithm::chain, Algorithm::direct, Algorithm::pairwise, Algorithm::dissemination})
     if (s == to_string(a)) return a;
   throw Error(ErrorCode::invalid_argument,
               std::string(what) + "='" + std::string(s) +
-                  "' is not one of auto, ring, tree, recursive_doubling, binomial, direct, pairwise, dissemination");
+                  "' is not one of auto, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination");
 }
 
 /// Latency per message (seconds) and time per byte (seconds) of a transport.
@@ -110,10 +111,27 @@ inline Choice select(CollectiveKind kind, std::size_t bytes, int n, const Transp
         pick = o.algorithm;
       break;
     }
-    case CollectiveKind::broadcast:
-    case CollectiveKind::reduce:
-      pick = Algorithm::binomial;  // pipelined chain (broadcast) and ring (reduce) are to come
+    case CollectiveKind::broadcast: {
+      // binomial: ceil(log P) steps of B; chain: P-1 hops plus one step per slice of B/S.
+      const double slice = static_cast<double>(slice_bytes(m, o));
+      const double binomial = std::ceil(std::log2(P)) * (m.alpha + B * m.beta);
+      const double slices = std::max(1.0, std::ceil(B / slice));
+      const double chain = (P - 1 + slices - 1) * (m.alpha + std::min(slice, B) * m.beta);
+      pick = chain < binomial ? Algorithm::chain : Algorithm::binomial;
+      if (o.algorithm == Algorithm::chain || o.algorithm == Algorithm::binomial) pick = o.algorithm;
+      if (o.algorithm == Algorithm::tree) pick = Algorithm::binomial;
       break;
+    }
+    case CollectiveKind::reduce: {
+      // binomial: ceil(log P) steps of B (+ a reduction each); ring: reduce-scatter (P-1 steps of
+      // B/P) then one gather step of B/P per rank at the root.
+      const double binomial = std::ceil(std::log2(P)) * (m.alpha + B * (m.beta + kReduceSecondsPerByte));
+      const double ring = (P - 1) * (m.alpha + B / P * m.beta) + m.alpha + (P - 1) / P * B * m.beta;
+      pick = ring < binomial ? Algorithm::ring : Algorithm::binomial;
+      if (o.algorithm == Algorithm::ring || o.algorithm == Algorithm::binomial) pick = o.algorithm;
+      if (o.algorithm == Algorithm::tree) pick = Algorithm::binomial;
+      break;
+    }
     case CollectiveKind::all_gather:
     case CollectiveKind::reduce_scatter: pick = Algorithm::ring; break;
     case CollectiveKind::gather:

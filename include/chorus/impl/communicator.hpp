@@ -224,8 +224,12 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
         if (choice.algorithm == algo::Algorithm::ring) return algo::ring_all_reduce(ch, args, st.scratch);
         if (choice.algorithm == algo::Algorithm::tree) return algo::double_tree_all_reduce(ch, args, st.scratch);
         return algo::recursive_doubling_all_reduce(ch, args, st.scratch);
-      case algo::CollectiveKind::broadcast: return algo::binomial_broadcast(ch, args);
-      case algo::CollectiveKind::reduce: return algo::binomial_reduce(ch, args, st.scratch);
+      case algo::CollectiveKind::broadcast:
+        if (choice.algorithm == algo::Algorithm::chain) return algo::chain_broadcast(ch, args);
+        return algo::binomial_broadcast(ch, args);
+      case algo::CollectiveKind::reduce:
+        if (choice.algorithm == algo::Algorithm::ring) return algo::ring_reduce(ch, args, st.scratch);
+        return algo::binomial_reduce(ch, args, st.scratch);
       case algo::CollectiveKind::scatter: return algo::direct_scatter(ch, args);
       case algo::CollectiveKind::gather: return algo::direct_gather(ch, args);
       case algo::CollectiveKind::all_gather: return algo::ring_all_gather(ch, args, st.scratch);
