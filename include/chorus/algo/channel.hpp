@@ -38,6 +38,9 @@ struct Group {
   std::vector<int> members;  ///< group rank -> transport rank
   int rank = -1;             ///< this rank in the group
   Tag context = 0;           ///< high bits of every tag of this group
+  /// Descriptors on (the default). Off only to measure what mismatch detection costs
+  /// (CHORUS_BENCH_NO_DESCRIPTORS=1, documented in docs/environment.md).
+  bool descriptors = true;
   int size() const { return static_cast<int>(members.size()); }
 };
 
@@ -85,7 +88,7 @@ class Channel {
   /// trees of a double binary tree): messages match in order per (peer, lane).
   Op isend(int peer, ConstBytes b, int lane = 0) {
     auto& link = g_.transport->link(g_.members[peer]);
-    if (!sent_desc_[peer]) {
+    if (g_.descriptors && !sent_desc_[peer]) {
       sent_desc_[peer] = true;
       desc_sends_.push_back(link.isend(ConstBytes{reinterpret_cast<const std::byte*>(&desc_), sizeof desc_}, desc_tag_));
     }
@@ -94,7 +97,7 @@ class Channel {
 
   Op irecv(int peer, MutableBytes b, int lane = 0) {
     auto& link = g_.transport->link(g_.members[peer]);
-    if (desc_state_[peer] == kNone) {
+    if (g_.descriptors && desc_state_[peer] == kNone) {
       desc_state_[peer] = kPosted;
       desc_recv_[peer] = link.irecv(MutableBytes{reinterpret_cast<std::byte*>(&peer_desc_[peer]), sizeof(CollectiveDesc)}, desc_tag_);
     }

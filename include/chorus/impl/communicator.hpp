@@ -121,6 +121,11 @@ Communicator<T> Communicator<T>::create(Options options) {
   s->group.members.resize(static_cast<std::size_t>(s->boot.size));
   for (int r = 0; r < s->boot.size; ++r) s->group.members[r] = r;
   s->overrides = algo::Overrides::from(s->boot.options);
+  if (auto v = detail::env_string("CHORUS_BENCH_NO_DESCRIPTORS")) {
+    if (*v != "0" && *v != "1")
+      throw Error(ErrorCode::invalid_argument, "CHORUS_BENCH_NO_DESCRIPTORS='" + *v + "' is not 0 or 1");
+    s->group.descriptors = *v == "0";
+  }
   s->watch_for_errors();
   detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready: ", s->boot.size, " ranks over ", T::kName);
   return Communicator(std::move(s));
@@ -328,6 +333,7 @@ Communicator<T> Communicator<T>::split(int color, int key) {
     sub->group.members.push_back(st.group.members[r]);
   }
   sub->overrides = st.overrides;
+  sub->group.descriptors = st.group.descriptors;
   // 3. A context id unique in the job: the group's first member draws it from the store, the
   //    others read it. Tags carry it, so the groups never see each other's messages.
   const std::string key_name = "split/" + std::to_string(st.group.context >> detail::kContextShift) + "/" +
