@@ -25,7 +25,9 @@
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
 #include "chorus/core/types.hpp"
+#include "chorus/algo/channel.hpp"
 #include "chorus/algo/common.hpp"
+#include "chorus/algo/select.hpp"
 #include "chorus/algo/descriptor.hpp"
 #include "chorus/options.hpp"
 
@@ -184,6 +186,8 @@ class Communicator {
   Request start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt, ReduceOp op,
                 int root, bool async);
   Request collective(algo::CollectiveDesc desc, algo::Args args, bool async);
+  static void run_algorithm(State& st, algo::Channel<T>& ch, const algo::CollectiveDesc& desc, const algo::Args& args,
+                            const algo::Choice& choice);
 
   template <class In, class Out>
   Request all_reduce_start(const In& in, Out&& out, ReduceOp op, bool async) {

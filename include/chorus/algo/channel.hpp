@@ -5,14 +5,19 @@
 ///
 /// Descriptor protocol: the first message this rank sends to each peer during a call is preceded
 /// by the call's CollectiveDesc (a separate 32-byte message on the descriptor tag, pipelined with
-/// the data: no extra round trip). The first receive from each peer waits for that peer's
-/// descriptor before its data and compares it with ours; a difference is a `mismatch` naming
-/// both ranks and both descriptors, which the communicator then spreads to every rank.
+/// the data: no extra round trip). Receives from a peer whose descriptor has not been checked yet
+/// are held back (not posted on the link) until a wait() checks it: so a data message is only
+/// ever matched against a receive of a call that agrees, and a difference surfaces as one
+/// `mismatch` naming both ranks and both descriptors (never as a bare size error), which the
+/// communicator then spreads to every rank.
 /// Algorithms are symmetric (a's k-th send to b is b's k-th receive from a), so "first send to
 /// b" and "first receive from a" always meet.
 
+#include <chrono>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,18 +57,25 @@ class Channel {
     Request req;
     int peer = -1;
     bool recv = false;
+    int held = -1;  ///< index of a receive held back until the peer's descriptor is checked
   };
   /// Called with the mismatch error before it is thrown: the communicator spreads it.
   using OnMismatch = std::function<void(const Error&)>;
+  /// Called while a wait has stalled (every kStallCheck): compares this call with what the other
+  /// ranks were doing, by another route (the store), and throws mismatch on a difference. This
+  /// catches the mismatches in which no two ranks ever exchange a message (both wait to receive,
+  /// each from a different peer), at no cost while nothing stalls.
+  using OnStall = std::function<void(const CollectiveDesc&)>;
+  static constexpr std::chrono::milliseconds kStallCheck{200};
 
-  Channel(const Group<T>& g, CollectiveDesc desc, OnMismatch on_mismatch)
+  Channel(const Group<T>& g, CollectiveDesc desc, OnMismatch on_mismatch, OnStall on_stall = {})
       : g_(g),
         desc_(desc),
         data_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassData | (desc.seq & kSeqMask)),
         desc_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassDesc | (desc.seq & kSeqMask)),
         on_mismatch_(std::move(on_mismatch)),
-        sent_desc_(static_cast<std::size_t>(g.size()), false),
-        peer_desc_(static_cast<std::size_t>(g.size())),
+        on_stall_(std::move(on_stall)),
+        peer_desc_(std::make_shared<std::vector<CollectiveDesc>>(static_cast<std::size_t>(g.size()))),
         desc_recv_(static_cast<std::size_t>(g.size())),
         desc_state_(static_cast<std::size_t>(g.size()), kNone) {}
 
@@ -88,26 +100,31 @@ class Channel {
   /// trees of a double binary tree): messages match in order per (peer, lane).
   Op isend(int peer, ConstBytes b, int lane = 0) {
     auto& link = g_.transport->link(g_.members[peer]);
-    if (g_.descriptors && !sent_desc_[peer]) {
-      sent_desc_[peer] = true;
-      desc_sends_.push_back(link.isend(ConstBytes{reinterpret_cast<const std::byte*>(&desc_), sizeof desc_}, desc_tag_));
-    }
+    meet(peer, link);
     return {link.isend(b, lane_tag(lane)), peer, false};
   }
 
   Op irecv(int peer, MutableBytes b, int lane = 0) {
     auto& link = g_.transport->link(g_.members[peer]);
-    if (g_.descriptors && desc_state_[peer] == kNone) {
-      desc_state_[peer] = kPosted;
-      desc_recv_[peer] = link.irecv(MutableBytes{reinterpret_cast<std::byte*>(&peer_desc_[peer]), sizeof(CollectiveDesc)}, desc_tag_);
+    meet(peer, link);
+    if (g_.descriptors && desc_state_[peer] != kChecked) {
+      held_.push_back({peer, b, lane, Request()});
+      return {Request(), peer, true, static_cast<int>(held_.size() - 1)};
     }
     return {link.irecv(b, lane_tag(lane)), peer, true};
+  }
+
+  /// Checks every descriptor still unchecked (peers this rank only sent to); call once the
+  /// algorithm is done. A difference throws mismatch, as in wait().
+  void finish() {
+    for (int p = 0; p < size(); ++p) check_desc(p);
   }
 
   /// Waits for one operation; for a receive, first checks the peer's descriptor.
   void wait(Op& op) {
     if (op.recv) check_desc(op.peer);
-    op.req.wait();
+    if (op.held >= 0) op.req = held_[op.held].req;
+    wait_request(op.req);
   }
   void wait_all(std::span<Op> ops) {
     for (auto& o : ops) wait(o);
@@ -133,12 +150,46 @@ class Channel {
 
   Tag lane_tag(int lane) const { return data_tag_ | (static_cast<Tag>(lane & 0xff) << kLaneShift); }
 
+  /// Waits for `r`, checking with the other ranks each time it stalls; the request's own timeout
+  /// still bounds the whole wait.
+  void wait_request(Request& r) {
+    if (!r.valid()) return;
+    if (on_stall_) {
+      const auto deadline = std::chrono::steady_clock::now() + r.state()->timeout();
+      while (std::chrono::steady_clock::now() < deadline)
+        if (r.state()->wait_for(kStallCheck)) return;
+        else on_stall_(desc_);
+    }
+    r.wait();
+  }
+
+  /// First contact with `peer` in this call, either way: send our descriptor and post the receive
+  /// of theirs. Both ends do it at their first contact, whichever side sends first, so two ranks
+  /// that both wait to receive from each other (different collectives) still compare.
+  template <class L>
+  void meet(int peer, L& link) {
+    if (!g_.descriptors || desc_state_[peer] != kNone) return;
+    desc_state_[peer] = kPosted;
+    desc_sends_.push_back(link.isend(ConstBytes{reinterpret_cast<const std::byte*>(&desc_), sizeof desc_}, desc_tag_));
+    CollectiveDesc* slot = &(*peer_desc_)[peer];
+    desc_recv_[peer] = link.irecv(MutableBytes{reinterpret_cast<std::byte*>(slot), sizeof(CollectiveDesc)}, desc_tag_);
+    // The buffer lives as long as the receive, should this call end early (an exception).
+    desc_recv_[peer].state()->then([keep = peer_desc_] {});
+  }
+
+  /// Waits for the peer's descriptor and compares; when it agrees, posts the receives held back
+  /// for that peer, in the order they were made.
   void check_desc(int peer) {
     if (desc_state_[peer] != kPosted) return;
-    desc_recv_[peer].wait();
-    desc_state_[peer] = kChecked;
-    const CollectiveDesc& theirs = peer_desc_[peer];
-    if (theirs == desc_) return;
+    wait_request(desc_recv_[peer]);
+    const CollectiveDesc& theirs = (*peer_desc_)[peer];
+    if (theirs == desc_) {
+      desc_state_[peer] = kChecked;
+      auto& link = g_.transport->link(g_.members[peer]);
+      for (auto& h : held_)
+        if (h.peer == peer && !h.req.valid()) h.req = link.irecv(h.bytes, lane_tag(h.lane));
+      return;
+    }
     Error e(ErrorCode::mismatch, ErrorContext{g_.rank, peer, describe(desc_)},
             "collectives differ: rank " + std::to_string(g_.rank) + " called " + describe(desc_) + ", rank " +
                 std::to_string(peer) + " called " + describe(theirs));
@@ -151,11 +202,18 @@ class Channel {
   Tag data_tag_;
   Tag desc_tag_;
   OnMismatch on_mismatch_;
-  std::vector<bool> sent_desc_;
-  std::vector<CollectiveDesc> peer_desc_;
+  OnStall on_stall_;
+  std::shared_ptr<std::vector<CollectiveDesc>> peer_desc_;
   std::vector<Request> desc_recv_;
   std::vector<char> desc_state_;
   std::vector<Request> desc_sends_;
+  struct Held {
+    int peer;
+    MutableBytes bytes;
+    int lane;
+    Request req;  ///< valid once posted
+  };
+  std::deque<Held> held_;
 };
 
 }  // namespace chorus::algo

@@ -71,6 +71,15 @@ class RequestState {
       if (failed_) throw error_locked();
     }
   }
+  /// Waits at most `d`: true when done (throws its error if it failed), false when still pending.
+  /// No timeout handling: callers that poll with it bound the total themselves.
+  bool wait_for(std::chrono::milliseconds d) {
+    std::unique_lock lk(mu_);
+    if (!cv_.wait_for(lk, d, [&] { return done_; })) return false;
+    if (failed_) throw error_locked();
+    return true;
+  }
+
   std::size_t bytes() const {
     std::lock_guard lk(mu_);
     return bytes_;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <string>
@@ -59,6 +60,10 @@ struct Communicator<T>::State {
   std::shared_ptr<std::vector<detail::ErrorNotice>> notices;
   std::vector<Request> notice_recvs;
   std::atomic<bool> aborted{false};
+  /// The last collectives this rank ran (worker or caller thread, one at a time), for the
+  /// cross-check through the store when a wait stalls.
+  std::deque<algo::CollectiveDesc> history;
+  static constexpr std::size_t kHistory = 16;
   detail::SerialExecutor exec;      ///< declared last: joined first, before anything it uses goes
 
   ErrorContext ctx(int peer, std::string op) const { return {group.rank, peer, std::move(op)}; }
@@ -86,6 +91,33 @@ struct Communicator<T>::State {
         t->abort(Error::from_text(static_cast<ErrorCode>(notice->code), text, me, -1));
       });
       notice_recvs.push_back(std::move(r));
+    }
+  }
+
+  std::string history_key(int rank) const {
+    return "chorus/history/" + std::to_string(group.context >> detail::kContextShift) + "/" +
+           std::to_string(group.members[rank]);
+  }
+
+  /// A wait stalled: publish this rank's recent collectives in the store and compare the current
+  /// one with what the others published for the same sequence number.
+  void cross_check(const algo::CollectiveDesc& mine) {
+    std::string blob;
+    for (const auto& d : history) blob.append(reinterpret_cast<const char*>(&d), sizeof d);
+    boot.store->set(history_key(group.rank), blob);
+    for (int p = 0; p < group.size(); ++p) {
+      if (p == group.rank || !boot.store->check({history_key(p)})) continue;
+      const std::string theirs = boot.store->get(history_key(p), boot.options.timeout);
+      for (std::size_t off = 0; off + sizeof(algo::CollectiveDesc) <= theirs.size(); off += sizeof(algo::CollectiveDesc)) {
+        algo::CollectiveDesc d;
+        std::memcpy(&d, theirs.data() + off, sizeof d);
+        if (d.seq != mine.seq || d == mine) continue;
+        Error e(ErrorCode::mismatch, ctx(p, algo::describe(mine)),
+                "collectives differ: rank " + std::to_string(group.rank) + " called " + algo::describe(mine) + ", rank " +
+                    std::to_string(p) + " called " + algo::describe(d));
+        spread(e);
+        throw e;
+      }
     }
   }
 
@@ -205,7 +237,27 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     if (auto t = weak.lock()) t->abort(e);
   });
   auto task = [&st, desc, args, choice] {
-    algo::Channel<T> ch(st.group, desc, [&st](const Error& e) { st.spread(e); });
+    st.history.push_back(desc);
+    if (st.history.size() > State::kHistory) st.history.pop_front();
+    algo::Channel<T> ch(
+        st.group, desc, [&st](const Error& e) { st.spread(e); },
+        [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
+    run_algorithm(st, ch, desc, args, choice);
+    ch.finish();
+  };
+  if (async) {
+    st.exec.submit(task, req);
+  } else {
+    st.exec.run(task, req);
+    req->complete();
+  }
+  return Request(req);
+}
+
+template <Transport T>
+void Communicator<T>::run_algorithm(State& st, algo::Channel<T>& ch, const algo::CollectiveDesc& desc,
+                                     const algo::Args& args, const algo::Choice& choice) {
+  {
     if (st.group.size() == 1) {  // nothing to exchange; the algorithms' local steps still apply
       algo::Args a = args;
       a.root = 0;
@@ -243,14 +295,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
       case algo::CollectiveKind::barrier:
       case algo::CollectiveKind::split: return algo::dissemination_barrier(ch);
     }
-  };
-  if (async) {
-    st.exec.submit(task, req);
-  } else {
-    st.exec.run(task, req);
-    req->complete();
   }
-  return Request(req);
 }
 
 template <Transport T>

@@ -123,14 +123,21 @@ class Link {
 
   /// Breaks the link: closes the socket and fails everything pending with `code`. Messages already
   /// read stay receivable. Idempotent.
-  void fail(ErrorCode code, const std::string& why) {
+  /// With close == false the connection stays open (its operations are cancelled, so no buffer is
+  /// touched again): used when the peers learn the reason another way (a collective mismatch is
+  /// reported to every rank directly), so that they do not see a bare closed connection first.
+  void fail(ErrorCode code, const std::string& why, bool close = true) {
     if (failed_) return;
     failed_ = true;
     fail_code_ = code;
     fail_why_ = why;
     boost::system::error_code ignored;
-    socket_.shutdown(asio::socket_base::shutdown_both, ignored);
-    socket_.close(ignored);
+    if (close) {
+      socket_.shutdown(asio::socket_base::shutdown_both, ignored);
+      socket_.close(ignored);
+    } else {
+      socket_.cancel(ignored);
+    }
     chorus::detail::log(chorus::detail::LogLevel::info, rank_, "link to peer ", peer_, " broken: ", why);
     matcher_.drain_posted([&](detail::RecvOp& r) { r.req->fail(code, why); });
     matcher_.remove_unexpected_if([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });

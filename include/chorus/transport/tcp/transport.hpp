@@ -34,11 +34,13 @@ struct Engine {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::thread thread;
 
-  /// Fails every link (from any thread); peers see their connection close.
-  void fail_all(ErrorCode code, std::string why) {
-    asio::post(io, [this, code, why = std::move(why)] {
+  /// Fails every link (from any thread; at once when called on the progress thread itself, so
+  /// that an error reported by a peer wins over the connection closes that follow it); peers see
+  /// their connection close.
+  void fail_all(ErrorCode code, std::string why, bool close = true) {
+    asio::dispatch(io, [this, code, why = std::move(why), close] {
       for (auto& l : links)
-        if (l) l->fail(code, why);
+        if (l) l->fail(code, why, close);
     });
   }
 };
@@ -64,8 +66,12 @@ class Transport {
   }
 
   /// Fails every link with why's code (peer_failure for a user abort, mismatch when a collective
-  /// mismatch is being spread); peers see their connections close.
-  void abort(const Error& why) { engine_->fail_all(why.code(), std::string("aborted: ") + why.what()); }
+  /// mismatch is being spread).
+  /// A mismatch is told to every rank by the communicator itself, so for it the connections stay
+  /// open (peers then get the mismatch, not a closed connection); any other abort closes them.
+  void abort(const Error& why) {
+    engine_->fail_all(why.code(), std::string("aborted: ") + why.what(), why.code() != ErrorCode::mismatch);
+  }
 
  private:
   void connect_all(const Bootstrap& b);

@@ -1,0 +1,23 @@
+// all_reduce_perf: nccl-tests' all_reduce_perf for chorus. Every rank's buffer of `count`
+// elements is reduced into every rank's output; busbw = algbw x 2(n-1)/n.
+#include "coll/common/driver.hpp"
+
+namespace {
+using namespace chorus::bench;
+
+struct AllReduce {
+  static constexpr std::string_view kName = "all_reduce";
+  static constexpr std::optional<chorus::algo::CollectiveKind> kKind = chorus::algo::CollectiveKind::all_reduce;
+  static constexpr bool kReduces = true, kRooted = false, kInPlaceChecked = true;
+
+  static Layout layout(std::size_t count, int) { return {count, count, count, 0, 0}; }
+  static double algbw_elements(const Layout& l, int) { return static_cast<double>(l.count); }
+  static double bus_factor(int n) { return 2.0 * (n - 1) / n; }
+  static Expect expect(const Layout&, int, int, int, std::size_t j) { return Expect::reduce(j); }
+  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+    pending.push_back(comm.all_reduce_async(c.in, c.out, c.layout.count, c.dtype, c.op));
+  }
+};
+}  // namespace
+
+int main(int argc, char** argv) { return chorus::bench::perf_main<AllReduce>(argc, argv); }

@@ -1,0 +1,32 @@
+// broadcast_perf: nccl-tests' broadcast_perf for chorus. The root's `count` elements reach every
+// rank; busbw = algbw. chorus's broadcast works on one buffer, so out of place the root sends
+// from its input and copies it to its output while the broadcast runs.
+#include <cstring>
+
+#include "coll/common/driver.hpp"
+
+namespace {
+using namespace chorus::bench;
+
+struct Broadcast {
+  static constexpr std::string_view kName = "broadcast";
+  static constexpr std::optional<chorus::algo::CollectiveKind> kKind = chorus::algo::CollectiveKind::broadcast;
+  static constexpr bool kReduces = false, kRooted = true, kInPlaceChecked = true;
+
+  static Layout layout(std::size_t count, int) { return {count, count, count, 0, 0}; }
+  static double algbw_elements(const Layout& l, int) { return static_cast<double>(l.count); }
+  static double bus_factor(int) { return 1.0; }
+  static Expect expect(const Layout&, int, int, int root, std::size_t j) { return Expect::copy(root, j); }
+  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+    if (c.rank == c.root && c.in != c.out) {
+      // The root only reads its buffer.
+      pending.push_back(comm.broadcast_async(const_cast<std::byte*>(c.in), c.layout.count, c.dtype, c.root));
+      if (c.layout.count != 0) std::memcpy(c.out, c.in, c.bytes(c.layout.count));
+      return;
+    }
+    pending.push_back(comm.broadcast_async(c.out, c.layout.count, c.dtype, c.root));
+  }
+};
+}  // namespace
+
+int main(int argc, char** argv) { return chorus::bench::perf_main<Broadcast>(argc, argv); }

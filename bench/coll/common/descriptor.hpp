@@ -1,0 +1,84 @@
+#pragma once
+/// What a *_perf program tells the shared driver about its collective (nccl-tests' `struct
+/// testColl`): one small struct of static members per collective, checked by the concept below.
+///
+///   struct AllReduce {
+///     static constexpr std::string_view kName = "all_reduce";        // -> "all_reduce_perf"
+///     static constexpr std::optional<algo::CollectiveKind> kKind = algo::CollectiveKind::all_reduce;
+///     static constexpr bool kReduces = true;        // loops over -o, prints the op
+///     static constexpr bool kRooted = false;        // loops over -r, prints the root
+///     static constexpr bool kInPlaceChecked = true; // false: in place is timed, #wrong is N/A
+///     static Layout layout(std::size_t count, int n);          // buffers, from size / typesize
+///     static double algbw_elements(const Layout& l, int n);   // elements algbw counts
+///     static double bus_factor(int n);                         // busbw = algbw * this
+///     static Expect expect(const Layout& l, int rank, int n, int root, std::size_t j);
+///     static void run(Comm& comm, const Call& call, std::vector<Request>& pending);
+///   };
+///
+/// Every rank's input is the same function of (seed, rank, index) (bench/coll/common/data.hpp);
+/// `expect` says where output element j comes from, which is all the checker needs.
+
+#include <concepts>
+#include <cstddef>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "chorus/algo/descriptor.hpp"
+#include "chorus/chorus.hpp"
+
+namespace chorus::bench {
+
+using Comm = Communicator<DefaultTransport>;
+
+/// The buffers of one call, in elements, for a row of `size` bytes (nccl-tests getCollByteCount).
+struct Layout {
+  std::size_t send = 0;           ///< elements of the send buffer
+  std::size_t recv = 0;           ///< elements of the receive buffer
+  std::size_t count = 0;          ///< the count the collective is called with (the "count" column)
+  std::size_t send_in_place = 0;  ///< in place, the input starts at recv + rank * send_in_place
+  std::size_t recv_in_place = 0;  ///< in place, the output starts at recv + rank * recv_in_place
+};
+
+/// Where one output element comes from.
+struct Expect {
+  enum class Kind { copy, reduce, none };
+  Kind kind = Kind::none;
+  int rank = 0;           ///< copy: the rank whose input it is
+  std::size_t index = 0;  ///< copy: the index in that rank's input; reduce: the index on every rank
+
+  static constexpr Expect copy(int rank, std::size_t index) { return {Kind::copy, rank, index}; }
+  static constexpr Expect reduce(std::size_t index) { return {Kind::reduce, 0, index}; }
+  static constexpr Expect none() { return {}; }
+};
+
+/// One call of the collective: where the input and output are, and its parameters.
+struct Call {
+  const std::byte* in = nullptr;
+  std::byte* out = nullptr;
+  Layout layout;
+  DataType dtype = DataType::float32;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+  int rank = 0;
+  int size = 1;
+
+  std::size_t bytes(std::size_t elements) const { return elements * size_of(dtype); }
+};
+
+template <class D>
+concept CollectiveDescriptor = requires(const Layout& l, int n, std::size_t j, Comm& comm, const Call& call,
+                                        std::vector<Request>& pending) {
+  { D::kName } -> std::convertible_to<std::string_view>;
+  { D::kKind } -> std::convertible_to<std::optional<algo::CollectiveKind>>;
+  { D::kReduces } -> std::convertible_to<bool>;
+  { D::kRooted } -> std::convertible_to<bool>;
+  { D::kInPlaceChecked } -> std::convertible_to<bool>;
+  { D::layout(j, n) } -> std::same_as<Layout>;
+  { D::algbw_elements(l, n) } -> std::convertible_to<double>;
+  { D::bus_factor(n) } -> std::convertible_to<double>;
+  { D::expect(l, n, n, n, j) } -> std::same_as<Expect>;
+  D::run(comm, call, pending);
+};
+
+}  // namespace chorus::bench

@@ -1,0 +1,291 @@
+// Ranks that call different collectives, or the same one with different counts, dtypes, ops or
+// roots, must all get chorus::Error with code mismatch, promptly (within 1 s; the timeout is 30 s,
+// so an error that only comes from the timeout does not pass), with a message that names both
+// calls. Over inproc and over tcp (ranks as threads), world sizes 2, 3 and 4; the last rank is the
+// odd one out, after one matched collective (so the mismatch is not at sequence number 0).
+//
+// When a rank's part of the mismatched call only sends (a broadcast root, say), it may return
+// before anyone has seen the mismatch: it must then get the error from its next call (a barrier
+// here), still within the second.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <latch>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "chorus/communicator.hpp"
+#include "chorus/transport/inproc/transport.hpp"
+#include "chorus/transport/tcp/transport.hpp"
+#include "support/spawn.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using chorus::ReduceOp;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kPrompt = 1s;
+constexpr auto kTimeout = 30s;
+constexpr int kWorldSizes[] = {2, 3, 4};
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// Runs `call(comm, odd)` on every rank of a world of n (odd: the last rank) and checks that
+/// every rank gets mismatch within kPrompt, from the call or from a barrier right after it, with
+/// a message containing both `a` (what the others called) and `b` (what the odd rank called).
+template <class Transport, class Call>
+void expect_mismatch(int n, const Call& call, const std::string& a, const std::string& b,
+                     const std::string& algorithm) {
+  std::latch done(n);  // communicators live until every rank has its verdict
+  chorus::test::ThreadOptions topt;
+  topt.timeout = kTimeout;
+  const std::string where = std::string("(") + std::string(Transport::kName) + ", world " +
+                            std::to_string(n) + (algorithm.empty() ? "" : ", " + algorithm) + ")";
+  chorus::test::run_threads(
+      n,
+      [&](int rank, chorus::Options o) {
+        bool arrived = false;
+        auto arrive = [&] {
+          if (!arrived) {
+            arrived = true;
+            done.count_down();
+          }
+        };
+        struct Guard {
+          decltype(arrive)& f;
+          ~Guard() { f(); }
+        } guard{arrive};
+        o.algorithm = algorithm;
+        auto comm = chorus::Communicator<Transport>::create(std::move(o));
+        const bool odd = rank == n - 1;
+        std::optional<chorus::Error> err;
+        std::string from;
+        const auto t0 = Clock::now();
+        // One matched collective first. A rank still finishing it when the others have already
+        // met the mismatch may get the error here (the communicator is aborted): that counts.
+        try {
+          from = "the matched all_reduce before the mismatched call";
+          std::vector<float> warm(4, 1.0f);
+          comm.all_reduce(std::span<float>(warm), ReduceOp::sum);
+          chorus::test::expect(warm[0] == static_cast<float>(n),
+                               "the matched all_reduce before the mismatch " + where);
+          from = "the mismatched call";
+          call(comm, odd);
+          from = "the barrier after the mismatched call (which returned)";
+          comm.barrier();
+        } catch (const chorus::Error& e) {
+          err = e;
+        }
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+        arrive();
+        done.wait();
+
+        const std::string who =
+            "rank " + std::to_string(rank) + (odd ? " (the odd one) " : " ") + where + ": ";
+        chorus::test::expect(err.has_value(),
+                             who + "no error: the mismatched call and a barrier after it both returned");
+        const std::string msg = err->what();
+        chorus::test::expect(err->code() == chorus::ErrorCode::mismatch,
+                             who + "expected a mismatch error, got: " + msg + " (from " + from + ", after " +
+                                 std::to_string(ms) + " ms)");
+        chorus::test::expect(
+            ms < std::chrono::duration_cast<std::chrono::milliseconds>(kPrompt).count(),
+            who + "the mismatch took " + std::to_string(ms) + " ms to surface (from " + from + "): " + msg);
+        chorus::test::expect(contains(msg, a) && contains(msg, b),
+                             who + "the message should name both '" + a + "' and '" + b + "': " + msg);
+      },
+      topt);
+}
+
+/// Every world size (and, for some, forced algorithms as well as the default).
+template <class Transport, class Call>
+void expect_mismatch_everywhere(const Call& call, const std::string& a, const std::string& b,
+                                std::vector<std::string> algorithms = {""}) {
+  for (const auto& algo : algorithms)
+    for (int n : kWorldSizes) {
+      CAPTURE(n);
+      CAPTURE(algo);
+      expect_mismatch<Transport>(n, call, a, b, algo);
+    }
+}
+
+using Inproc = chorus::inproc::Transport;
+using Tcp = chorus::tcp::Transport;
+
+}  // namespace
+
+TYPE_TO_STRING(Inproc);
+TYPE_TO_STRING(Tcp);
+
+// ---- different collectives ----------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("mismatch: all_reduce vs broadcast", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<float> v(16, 1.0f);
+        if (odd)
+          c.broadcast(std::span<float>(v), 0);
+        else
+          c.all_reduce(std::span<float>(v), ReduceOp::sum);
+      },
+      "all_reduce", "broadcast", {"", "ring", "tree"});
+}
+
+TEST_CASE_TEMPLATE("mismatch: all_reduce vs all_gather", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<float> v(16, 1.0f), out(16 * c.size());
+        if (odd)
+          c.all_gather(std::span<const float>(v), std::span<float>(out));
+        else
+          c.all_reduce(std::span<float>(v), ReduceOp::sum);
+      },
+      "all_reduce", "all_gather", {"", "ring"});
+}
+
+TEST_CASE_TEMPLATE("mismatch: barrier vs all_reduce", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<float> v(16, 1.0f);
+        if (odd)
+          c.all_reduce(std::span<float>(v), ReduceOp::sum);
+        else
+          c.barrier();
+      },
+      "barrier", "all_reduce");
+}
+
+TEST_CASE_TEMPLATE("mismatch: reduce_scatter vs all_to_all", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<std::int32_t> in(4 * c.size(), 1), out(4 * c.size());
+        if (odd)
+          c.all_to_all(std::span<const std::int32_t>(in), std::span<std::int32_t>(out));
+        else
+          c.reduce_scatter(std::span<const std::int32_t>(in), std::span<std::int32_t>(out).first(4),
+                           ReduceOp::sum);
+      },
+      "reduce_scatter", "all_to_all");
+}
+
+// ---- same collective, different parameters ---------------------------------------------------
+
+TEST_CASE_TEMPLATE("mismatch: all_reduce counts 10 vs 20", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<float> v(odd ? 20 : 10, 1.0f);
+        c.all_reduce(std::span<float>(v), ReduceOp::sum);
+      },
+      "count 10", "count 20", {"", "ring", "tree", "recursive_doubling"});
+}
+
+TEST_CASE_TEMPLATE("mismatch: all_gather counts 3 vs 5", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        const std::size_t k = odd ? 5 : 3;
+        std::vector<double> in(k, 2.0), out(k * c.size());
+        c.all_gather(std::span<const double>(in), std::span<double>(out));
+      },
+      "count 3", "count 5");
+}
+
+TEST_CASE_TEMPLATE("mismatch: broadcast counts 100 vs 7", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<std::uint8_t> v(odd ? 7 : 100, 3);
+        c.broadcast(std::span<std::uint8_t>(v), 0);
+      },
+      "count 100", "count 7");
+}
+
+TEST_CASE_TEMPLATE("mismatch: all_reduce float32 vs int32 (same bytes)", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        if (odd) {
+          std::vector<std::int32_t> v(16, 1);
+          c.all_reduce(std::span<std::int32_t>(v), ReduceOp::sum);
+        } else {
+          std::vector<float> v(16, 1.0f);
+          c.all_reduce(std::span<float>(v), ReduceOp::sum);
+        }
+      },
+      "float32", "int32", {"", "ring"});
+}
+
+TEST_CASE_TEMPLATE("mismatch: all_reduce float32 vs bfloat16", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        if (odd) {
+          std::vector<chorus::bfloat16> v(16, chorus::bfloat16(1.0f));
+          c.all_reduce(std::span<chorus::bfloat16>(v), ReduceOp::sum);
+        } else {
+          std::vector<float> v(16, 1.0f);
+          c.all_reduce(std::span<float>(v), ReduceOp::sum);
+        }
+      },
+      "float32", "bfloat16");
+}
+
+TEST_CASE_TEMPLATE("mismatch: all_reduce sum vs max", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<float> v(16, 1.0f);
+        c.all_reduce(std::span<float>(v), odd ? ReduceOp::max : ReduceOp::sum);
+      },
+      "sum", "max", {"", "ring", "tree", "recursive_doubling"});
+}
+
+TEST_CASE_TEMPLATE("mismatch: reduce_scatter sum vs prod", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<std::int64_t> in(3 * c.size(), 2), out(3);
+        c.reduce_scatter(std::span<const std::int64_t>(in), std::span<std::int64_t>(out),
+                         odd ? ReduceOp::prod : ReduceOp::sum);
+      },
+      "sum", "prod");
+}
+
+// ---- different roots -------------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("mismatch: broadcast roots 0 vs 1", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<float> v(16, 1.0f);
+        c.broadcast(std::span<float>(v), odd ? 1 : 0);
+      },
+      "root 0", "root 1");
+}
+
+TEST_CASE_TEMPLATE("mismatch: reduce roots 0 vs 1", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        const int root = odd ? 1 : 0;
+        std::vector<float> in(16, 1.0f), out(16);
+        c.reduce(std::span<const float>(in), std::span<float>(out), ReduceOp::sum, root);
+      },
+      "root 0", "root 1");
+}
+
+TEST_CASE_TEMPLATE("mismatch: gather roots 0 vs 1", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        const int root = odd ? 1 : 0;
+        std::vector<float> in(4, 1.0f), out(c.rank() == root ? 4 * c.size() : 0);
+        c.gather(std::span<const float>(in), std::span<float>(out), root);
+      },
+      "root 0", "root 1");
+}
+
+TEST_CASE_TEMPLATE("mismatch: scatter roots 0 vs 1", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        const int root = odd ? 1 : 0;
+        std::vector<float> in(c.rank() == root ? 4 * c.size() : 0, 1.0f), out(4);
+        c.scatter(std::span<const float>(in), std::span<float>(out), root);
+      },
+      "root 0", "root 1");
+}

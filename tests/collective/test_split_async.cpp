@@ -1,0 +1,392 @@
+// Sub-communicators (split) and collectives in flight at once (*_async), over inproc and tcp with
+// ranks as threads:
+//   - the two halves of a split (color = rank % 2) run different collectives at the same time;
+//   - key = -rank reverses the order: sub.rank(), and a broadcast from sub-rank 0 comes from the
+//     last parent rank;
+//   - a split of a split;
+//   - a sub-communicator and its parent used at the same time from two threads of each rank, and
+//     from one thread with async calls on both;
+//   - several collectives in flight on one communicator, waited in reverse order: they run (and
+//     complete) in posting order; a blocking call after async ones.
+// Every result is checked bit for bit against support/fill.hpp's reference.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/communicator.hpp"
+#include "chorus/transport/inproc/transport.hpp"
+#include "chorus/transport/tcp/transport.hpp"
+#include "support/fill.hpp"
+#include "support/spawn.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using chorus::ReduceOp;
+using chorus::test::check_equal;
+using chorus::test::expect;
+using chorus::test::expect_eq;
+using chorus::test::expected_all_reduce;
+using chorus::test::input;
+using chorus::test::pattern;
+using chorus::test::seed_of;
+
+using Inproc = chorus::inproc::Transport;
+using Tcp = chorus::tcp::Transport;
+
+constexpr auto kTimeout = 30s;
+
+template <class Transport, class Body>
+void run_world(int n, const Body& body) {
+  chorus::test::ThreadOptions topt;
+  topt.timeout = kTimeout;
+  chorus::test::run_threads(
+      n,
+      [&](int rank, chorus::Options o) {
+        o.chunk_bytes = 256;  // several slices even for a few hundred floats
+        auto comm = chorus::Communicator<Transport>::create(std::move(o));
+        body(rank, comm);
+      },
+      topt);
+}
+
+// ---- checked collectives: fill, call, compare (on any communicator) ------------------------
+
+/// all_reduce of `count` elements of T with op; `tag` makes the seed unique per call.
+template <class T, class C>
+void checked_all_reduce(C& c, std::uint64_t tag, std::size_t count, ReduceOp op, const std::string& what) {
+  const std::uint64_t seed = seed_of(tag, count, op);
+  std::vector<T> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = input<T>(seed, c.size(), c.rank(), i, op);
+  c.all_reduce(std::span<T>(v), op);
+  check_equal<T>(
+      v, [&](std::size_t i) { return expected_all_reduce<T>(seed, c.size(), i, op); }, what, c.rank());
+}
+
+template <class T, class C>
+void checked_all_gather(C& c, std::uint64_t tag, std::size_t count, const std::string& what) {
+  const std::uint64_t seed = seed_of(tag, count, 0xA11);
+  std::vector<T> in(count), out(count * c.size());
+  for (std::size_t i = 0; i < count; ++i) in[i] = pattern<T>(seed, c.rank(), i);
+  c.all_gather(std::span<const T>(in), std::span<T>(out));
+  check_equal<T>(
+      out, [&](std::size_t j) { return pattern<T>(seed, static_cast<int>(j / count), j % count); }, what,
+      c.rank());
+}
+
+/// The parent ranks of a communicator's members, in its rank order (an all_gather).
+template <class C>
+std::vector<std::int32_t> members(C& c, int parent_rank) {
+  std::vector<std::int32_t> mine = {parent_rank}, all(c.size());
+  c.all_gather(std::span<const std::int32_t>(mine), std::span<std::int32_t>(all));
+  return all;
+}
+
+/// Runs f on a second thread and joins it; rethrows what it threw.
+template <class F>
+std::thread start(F f, std::exception_ptr& error) {
+  return std::thread([f = std::move(f), &error]() mutable {
+    try {
+      f();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+}
+
+}  // namespace
+
+TYPE_TO_STRING(Inproc);
+TYPE_TO_STRING(Tcp);
+
+// ---- split ----------------------------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("split: the halves run different collectives at the same time", T, Inproc, Tcp) {
+  for (int n : {2, 4, 5}) {
+    CAPTURE(n);
+    run_world<T>(n, [n](int rank, auto& comm) {
+      auto sub = comm.split(rank % 2, rank);
+      const int expect_size = rank % 2 == 0 ? (n + 1) / 2 : n / 2;
+      expect_eq(sub.size(), expect_size, "sub.size()");
+      expect_eq(sub.rank(), rank / 2, "sub.rank()");
+      const std::vector<std::int32_t> m = members(sub, rank);
+      for (int k = 0; k < sub.size(); ++k) expect_eq(m[k], 2 * k + rank % 2, "member " + std::to_string(k));
+      // Even ranks all_reduce while odd ranks all_gather, for a while, on the same links.
+      for (std::uint64_t round = 0; round < 30; ++round) {
+        const std::size_t count = 1 + (round * 37) % 700;
+        const std::string what = "round " + std::to_string(round) + " color " + std::to_string(rank % 2);
+        if (rank % 2 == 0)
+          checked_all_reduce<float>(sub, round, count, ReduceOp::sum, "all_reduce " + what);
+        else
+          checked_all_gather<chorus::bfloat16>(sub, round, count, "all_gather " + what);
+      }
+      // The parent still works, and is not confused by what the groups did.
+      checked_all_reduce<std::int32_t>(comm, 99, 333, ReduceOp::max, "parent all_reduce after the split");
+    });
+  }
+}
+
+TEST_CASE_TEMPLATE("split: key = -rank reverses the order", T, Inproc, Tcp) {
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    run_world<T>(n, [n](int rank, auto& comm) {
+      auto sub = comm.split(0, -rank);
+      expect_eq(sub.size(), n, "sub.size()");
+      expect_eq(sub.rank(), n - 1 - rank, "sub.rank()");
+      // A broadcast from sub-rank 0 comes from parent rank n - 1.
+      std::vector<std::int64_t> v(17, -1);
+      if (sub.rank() == 0)
+        for (std::size_t i = 0; i < v.size(); ++i) v[i] = 1000 * rank + static_cast<std::int64_t>(i);
+      sub.broadcast(std::span<std::int64_t>(v), 0);
+      for (std::size_t i = 0; i < v.size(); ++i)
+        expect_eq(v[i], 1000 * (n - 1) + static_cast<std::int64_t>(i),
+                  "broadcast from sub-rank 0, element " + std::to_string(i));
+      // Sub-rank order everywhere: all_gather lists the parent ranks reversed.
+      const std::vector<std::int32_t> m = members(sub, rank);
+      for (int k = 0; k < n; ++k) expect_eq(m[k], n - 1 - k, "member " + std::to_string(k));
+      // Equal keys: ordered by parent rank.
+      auto same = comm.split(0, 7);
+      expect_eq(same.rank(), rank, "rank with equal keys");
+      // And a reduction with a sub-rank-dependent input still matches the reference.
+      checked_all_reduce<double>(sub, 5, 100, ReduceOp::avg, "all_reduce on the reversed communicator");
+    });
+  }
+}
+
+TEST_CASE_TEMPLATE("split: a split of a split", T, Inproc, Tcp) {
+  run_world<T>(8, [](int rank, auto& comm) {
+    auto half = comm.split(rank % 2, rank);  // {0,2,4,6}, {1,3,5,7}
+    expect_eq(half.size(), 4, "half.size()");
+    auto quarter = half.split(half.rank() / 2, -half.rank());  // {2,0}, {6,4}, {3,1}, {7,5}
+    expect_eq(quarter.size(), 2, "quarter.size()");
+    expect_eq(quarter.rank(), 1 - half.rank() % 2, "quarter.rank()");
+    const std::vector<std::int32_t> m = members(quarter, rank);
+    const int base = (rank % 2) + 4 * (half.rank() / 2);  // the pair's lower parent rank
+    expect_eq(m[0], base + 2, "quarter member 0");
+    expect_eq(m[1], base, "quarter member 1");
+    // All three levels in turn, each checked.
+    for (std::uint64_t round = 0; round < 5; ++round) {
+      checked_all_reduce<float>(quarter, round, 129, ReduceOp::sum, "quarter all_reduce");
+      checked_all_reduce<std::int64_t>(half, round, 257, ReduceOp::prod, "half all_reduce");
+      checked_all_gather<std::uint8_t>(comm, round, 31, "world all_gather");
+    }
+  });
+}
+
+TEST_CASE_TEMPLATE("split: a negative color is invalid_argument and the communicator goes on", T, Inproc,
+                   Tcp) {
+  run_world<T>(3, [](int, auto& comm) {
+    chorus::test::expect_error(
+        chorus::ErrorCode::invalid_argument, [&] { (void)comm.split(-1, 0); }, "split(-1, 0)");
+    checked_all_reduce<float>(comm, 1, 10, ReduceOp::sum, "all_reduce after the failed split");
+  });
+}
+
+TEST_CASE_TEMPLATE("split: parent and sub-communicator used at the same time from two threads", T, Inproc,
+                   Tcp) {
+  run_world<T>(4, [](int rank, auto& comm) {
+    auto sub = comm.split(rank % 2, rank);
+    std::exception_ptr sub_error;
+    // A second thread of this rank drives the sub-communicator; this one drives the parent.
+    std::thread t = start(
+        [&] {
+          for (std::uint64_t round = 0; round < 40; ++round) {
+            checked_all_reduce<double>(sub, round, 1 + round * 13, ReduceOp::sum, "sub all_reduce");
+            checked_all_gather<std::int32_t>(sub, round, 1 + round * 7, "sub all_gather");
+          }
+        },
+        sub_error);
+    std::exception_ptr parent_error;
+    try {
+      for (std::uint64_t round = 0; round < 40; ++round) {
+        checked_all_reduce<float>(comm, 1000 + round, 1 + round * 11, ReduceOp::max, "parent all_reduce");
+        comm.barrier();
+      }
+    } catch (...) {
+      parent_error = std::current_exception();
+    }
+    t.join();
+    if (parent_error) std::rethrow_exception(parent_error);
+    if (sub_error) std::rethrow_exception(sub_error);
+  });
+}
+
+TEST_CASE_TEMPLATE("split: async calls on the parent and the sub-communicator at once", T, Inproc, Tcp) {
+  run_world<T>(4, [](int rank, auto& comm) {
+    auto sub = comm.split(rank / 2, rank);  // {0,1}, {2,3}
+    const std::size_t n = (1 << 14) + 3;
+    const std::uint64_t s1 = seed_of(1), s2 = seed_of(2);
+    std::vector<float> a(n);
+    for (std::size_t i = 0; i < n; ++i) a[i] = input<float>(s1, comm.size(), comm.rank(), i, ReduceOp::sum);
+    std::vector<std::int64_t> b(n), out(n * sub.size());
+    for (std::size_t i = 0; i < n; ++i) b[i] = pattern<std::int64_t>(s2, sub.rank(), i);
+    chorus::Request ra = comm.all_reduce_async(std::span<float>(a), ReduceOp::sum);
+    chorus::Request rb = sub.all_gather_async(std::span<const std::int64_t>(b), std::span<std::int64_t>(out));
+    rb.wait();
+    ra.wait();
+    check_equal<float>(
+        a, [&](std::size_t i) { return expected_all_reduce<float>(s1, comm.size(), i, ReduceOp::sum); },
+        "parent all_reduce_async", rank);
+    check_equal<std::int64_t>(
+        out, [&](std::size_t j) { return pattern<std::int64_t>(s2, static_cast<int>(j / n), j % n); },
+        "sub all_gather_async", rank);
+  });
+}
+
+// ---- async on one communicator ---------------------------------------------------------------
+
+TEST_CASE_TEMPLATE("async: all_reduce then all_gather in flight waited in reverse order", T, Inproc, Tcp) {
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    run_world<T>(world, [](int rank, auto& comm) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, (std::size_t{1} << 16) + 3}) {
+        const std::uint64_t s1 = seed_of(n, 1), s2 = seed_of(n, 2);
+        std::vector<double> a(n);
+        for (std::size_t i = 0; i < n; ++i) a[i] = input<double>(s1, comm.size(), rank, i, ReduceOp::sum);
+        std::vector<chorus::float16> in(n), out(n * comm.size());
+        for (std::size_t i = 0; i < n; ++i) in[i] = pattern<chorus::float16>(s2, rank, i);
+        chorus::Request r1 = comm.all_reduce_async(std::span<double>(a), ReduceOp::sum);
+        chorus::Request r2 =
+            comm.all_gather_async(std::span<const chorus::float16>(in), std::span<chorus::float16>(out));
+        r2.wait();
+        // They run in posting order: the all_reduce has completed before the all_gather did.
+        expect(r1.test(),
+               "the first async call is done when the second is (count " + std::to_string(n) + ")");
+        r1.wait();
+        check_equal<double>(
+            a, [&](std::size_t i) { return expected_all_reduce<double>(s1, comm.size(), i, ReduceOp::sum); },
+            "all_reduce_async count " + std::to_string(n), rank);
+        check_equal<chorus::float16>(
+            out, [&](std::size_t j) { return pattern<chorus::float16>(s2, static_cast<int>(j / n), j % n); },
+            "all_gather_async count " + std::to_string(n), rank);
+      }
+    });
+  }
+}
+
+TEST_CASE_TEMPLATE("async: eight collectives of every kind in flight then a blocking one", T, Inproc, Tcp) {
+  for (int world : {2, 3, 5}) {
+    CAPTURE(world);
+    run_world<T>(world, [](int rank, auto& comm) {
+      const int n = comm.size();
+      const int root = n - 1;
+      const std::size_t k = 777;
+      const std::uint64_t s = seed_of(n, 8);
+      auto seed = [&](int i) { return seed_of(s, i); };
+      // 0 all_reduce (prod, int32)
+      std::vector<std::int32_t> ar(k);
+      for (std::size_t i = 0; i < k; ++i) ar[i] = input<std::int32_t>(seed(0), n, rank, i, ReduceOp::prod);
+      // 1 broadcast (from the last rank)
+      std::vector<std::uint64_t> bc(k);
+      for (std::size_t i = 0; i < k; ++i) bc[i] = rank == root ? pattern<std::uint64_t>(seed(1), root, i) : 0;
+      // 2 reduce (min, bfloat16, onto the last rank)
+      std::vector<chorus::bfloat16> rin(k), rout(rank == root ? k : 0);
+      for (std::size_t i = 0; i < k; ++i)
+        rin[i] = input<chorus::bfloat16>(seed(2), n, rank, i, ReduceOp::min);
+      // 3 scatter, 4 gather (root 0)
+      std::vector<float> sin(rank == 0 ? k * n : 0), sout(k);
+      for (std::size_t i = 0; i < sin.size(); ++i) sin[i] = pattern<float>(seed(3), 0, i);
+      std::vector<std::int8_t> gin(k), gout(rank == 0 ? k * n : 0);
+      for (std::size_t i = 0; i < k; ++i) gin[i] = pattern<std::int8_t>(seed(4), rank, i);
+      // 5 reduce_scatter (avg, float16)
+      std::vector<chorus::float16> rsin(k * n), rsout(k);
+      for (std::size_t i = 0; i < rsin.size(); ++i)
+        rsin[i] = input<chorus::float16>(seed(5), n, rank, i, ReduceOp::avg);
+      // 6 all_to_all (uint8)
+      std::vector<std::uint8_t> ain(k * n), aout(k * n);
+      for (std::size_t i = 0; i < ain.size(); ++i) ain[i] = pattern<std::uint8_t>(seed(6), rank, i);
+      // 7 barrier
+
+      std::vector<chorus::Request> reqs;
+      reqs.push_back(comm.all_reduce_async(std::span<std::int32_t>(ar), ReduceOp::prod));
+      reqs.push_back(comm.broadcast_async(std::span<std::uint64_t>(bc), root));
+      reqs.push_back(comm.reduce_async(std::span<const chorus::bfloat16>(rin),
+                                       std::span<chorus::bfloat16>(rout), ReduceOp::min, root));
+      reqs.push_back(comm.scatter_async(std::span<const float>(sin), std::span<float>(sout), 0));
+      reqs.push_back(comm.gather_async(std::span<const std::int8_t>(gin), std::span<std::int8_t>(gout), 0));
+      reqs.push_back(comm.reduce_scatter_async(std::span<const chorus::float16>(rsin),
+                                               std::span<chorus::float16>(rsout), ReduceOp::avg));
+      reqs.push_back(
+          comm.all_to_all_async(std::span<const std::uint8_t>(ain), std::span<std::uint8_t>(aout)));
+      reqs.push_back(comm.barrier_async());
+      // A blocking call after them: it runs after all eight (the order of calls is the order of runs).
+      const std::uint64_t sb = seed(9);
+      std::vector<float> blk(k);
+      for (std::size_t i = 0; i < k; ++i) blk[i] = input<float>(sb, n, rank, i, ReduceOp::max);
+      comm.all_reduce(std::span<float>(blk), ReduceOp::max);
+      for (std::size_t i = 0; i < reqs.size(); ++i)
+        expect(reqs[i].test(),
+               "async call " + std::to_string(i) + " is done once the blocking call after it returned");
+      for (auto it = reqs.rbegin(); it != reqs.rend(); ++it) it->wait();
+
+      check_equal<float>(
+          blk, [&](std::size_t i) { return expected_all_reduce<float>(sb, n, i, ReduceOp::max); },
+          "blocking all_reduce after eight async calls", rank);
+      check_equal<std::int32_t>(
+          ar, [&](std::size_t i) { return expected_all_reduce<std::int32_t>(seed(0), n, i, ReduceOp::prod); },
+          "all_reduce_async", rank);
+      check_equal<std::uint64_t>(
+          bc, [&](std::size_t i) { return pattern<std::uint64_t>(seed(1), root, i); }, "broadcast_async",
+          rank);
+      if (rank == root)
+        check_equal<chorus::bfloat16>(
+            rout,
+            [&](std::size_t i) {
+              return expected_all_reduce<chorus::bfloat16>(seed(2), n, i, ReduceOp::min);
+            },
+            "reduce_async", rank);
+      check_equal<float>(
+          sout, [&](std::size_t i) { return pattern<float>(seed(3), 0, rank * k + i); }, "scatter_async",
+          rank);
+      if (rank == 0)
+        check_equal<std::int8_t>(
+            gout,
+            [&](std::size_t j) { return pattern<std::int8_t>(seed(4), static_cast<int>(j / k), j % k); },
+            "gather_async", rank);
+      check_equal<chorus::float16>(
+          rsout,
+          [&](std::size_t i) {
+            return expected_all_reduce<chorus::float16>(seed(5), n, rank * k + i, ReduceOp::avg);
+          },
+          "reduce_scatter_async", rank);
+      check_equal<std::uint8_t>(
+          aout,
+          [&](std::size_t j) {
+            return pattern<std::uint8_t>(seed(6), static_cast<int>(j / k), rank * k + j % k);
+          },
+          "all_to_all_async", rank);
+    });
+  }
+}
+
+TEST_CASE_TEMPLATE("async: a blocking call right after an async one", T, Inproc, Tcp) {
+  run_world<T>(3, [](int rank, auto& comm) {
+    for (std::uint64_t round = 0; round < 20; ++round) {
+      const std::size_t n = 1 + round * 101;
+      const std::uint64_t s1 = seed_of(round, 1), s2 = seed_of(round, 2);
+      std::vector<std::int64_t> a(n);
+      for (std::size_t i = 0; i < n; ++i) a[i] = input<std::int64_t>(s1, comm.size(), rank, i, ReduceOp::sum);
+      chorus::Request r = comm.all_reduce_async(std::span<std::int64_t>(a), ReduceOp::sum);
+      std::vector<float> b(n);
+      const int root = static_cast<int>(round % 3);
+      for (std::size_t i = 0; i < n; ++i) b[i] = rank == root ? pattern<float>(s2, root, i) : 0.0f;
+      comm.broadcast(std::span<float>(b), root);
+      expect(r.test(), "the async all_reduce is done when the blocking broadcast after it returned");
+      r.wait();
+      check_equal<std::int64_t>(
+          a,
+          [&](std::size_t i) { return expected_all_reduce<std::int64_t>(s1, comm.size(), i, ReduceOp::sum); },
+          "all_reduce_async round " + std::to_string(round), rank);
+      check_equal<float>(
+          b, [&](std::size_t i) { return pattern<float>(s2, root, i); },
+          "blocking broadcast round " + std::to_string(round), rank);
+    }
+  });
+}
