@@ -100,3 +100,28 @@ TEST_CASE("tcp links refuse garbage, other jobs and wrong tokens, and still conn
         topt);
   }
 }
+
+TEST_CASE("tcp links over IPv6 loopback") {
+  std::shared_ptr<chorus::TcpStore> store;
+  try {
+    store = std::make_shared<chorus::TcpStore>("::1", 0, true, 20s);
+  } catch (const chorus::Error& e) {
+    MESSAGE("IPv6 loopback not available here, skipped: " << e.what());
+    return;
+  }
+  const std::string method = "tcp://[::1]:" + std::to_string(store->port());
+  chorus::test::run_threads(
+      3,
+      [&](int rank, chorus::Options o) {
+        // One store client per rank, as separate processes would have (a TcpStore client has one
+        // connection, and a waiting get holds it).
+        o.store = std::make_shared<chorus::TcpStore>("::1", store->port(), false, 20s);
+        o.init_method = method;  // the links listen on the address that reaches the master: ::1
+        auto comm = chorus::Communicator<chorus::tcp::Transport>::create(std::move(o));
+        const std::string where = store->get("chorus/g1/comm/tcp/addr/" + std::to_string(rank), 20s);
+        expect(where.rfind("::1 ", 0) == 0, "rank " + std::to_string(rank) + " listens on ::1, not '" + where + "'");
+        std::vector<int> v(1000, rank), all(3000);
+        comm.all_gather(v, all);
+        for (int p = 0; p < 3; ++p) expect(all[p * 1000] == p && all[p * 1000 + 999] == p, "all_gather over IPv6");
+      });
+}

@@ -98,7 +98,10 @@ inline Transport::Transport(const Bootstrap& b) : rank_(b.rank), size_(b.size), 
     l->start();
   }
   engine_->work.emplace(engine_->io.get_executor());
-  engine_->thread = std::thread([eng = engine_.get(), rank = rank_] {
+  // The thread shares the engine: should the transport be destroyed on this very thread (a
+  // completion callback dropping the last owner), the engine outlives the destructor until run()
+  // returns.
+  engine_->thread = std::thread([eng = engine_, rank = rank_] {
     for (;;) {
       try {
         eng->io.run();
@@ -113,7 +116,11 @@ inline Transport::Transport(const Bootstrap& b) : rank_(b.rank), size_(b.size), 
 inline Transport::~Transport() {
   engine_->fail_all(ErrorCode::peer_failure, "the communicator was destroyed");
   engine_->work.reset();
-  if (engine_->thread.joinable()) engine_->thread.join();
+  if (!engine_->thread.joinable()) return;
+  if (engine_->thread.get_id() == std::this_thread::get_id())
+    engine_->thread.detach();  // on the progress thread itself: it ends once run() returns
+  else
+    engine_->thread.join();
 }
 
 inline void Transport::connect_all(const Bootstrap& b) {
