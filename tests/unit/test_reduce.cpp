@@ -506,7 +506,7 @@ void check_finalize_integer(std::mt19937_64& rng) {
           const std::int64_t v = static_cast<std::int64_t>(x[i]);
           const std::uint64_t mag = v < 0 ? 0 - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
           const std::uint64_t q = mag / static_cast<std::uint64_t>(world);
-          want = static_cast<T>(v < 0 ? -static_cast<std::int64_t>(q) : static_cast<std::int64_t>(q));
+          want = static_cast<T>(v < 0 ? static_cast<std::int64_t>(0 - q) : static_cast<std::int64_t>(q));  // 0 - q: no overflow at INT64_MIN
         } else {
           want = static_cast<T>(static_cast<std::uint64_t>(x[i]) / static_cast<std::uint64_t>(world));
         }
