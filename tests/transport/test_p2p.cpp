@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/modes.hpp"
 #include "support/spawn.hpp"
 
 namespace {
@@ -29,19 +30,9 @@ using chorus::test::expect;
 using chorus::test::expect_eq;
 using chorus::test::expect_error;
 
-// How the ranks of a test run: the transport, and threads or processes.
-struct InprocThreads {
-  using Transport = chorus::inproc::Transport;
-  static constexpr bool kProcesses = false;
-};
-struct TcpThreads {
-  using Transport = chorus::tcp::Transport;
-  static constexpr bool kProcesses = false;
-};
-struct TcpProcesses {
-  using Transport = chorus::tcp::Transport;
-  static constexpr bool kProcesses = true;
-};
+using chorus::test::InprocThreads;
+using chorus::test::TcpProcesses;
+using chorus::test::TcpThreads;
 
 constexpr int kWorldSizes[] = {2, 3, 4, 8};
 constexpr auto kTimeout = 30s;  // every chorus wait in these tests: a bug fails, never hangs

@@ -22,6 +22,7 @@
 
 #include <unistd.h>
 
+#include "support/modes.hpp"
 #include "support/spawn.hpp"
 
 namespace {
@@ -40,18 +41,9 @@ constexpr auto kTimeout = 60s;     // the communicators' timeout: far above kPro
 constexpr auto kPrompt = 5s;       // how soon a survivor must see peer_failure
 constexpr std::size_t kBig = std::size_t(256) << 20;
 
-struct InprocThreads {
-  using Transport = chorus::inproc::Transport;
-  static constexpr bool kProcesses = false;
-};
-struct TcpThreads {
-  using Transport = chorus::tcp::Transport;
-  static constexpr bool kProcesses = false;
-};
-struct TcpProcesses {
-  using Transport = chorus::tcp::Transport;
-  static constexpr bool kProcesses = true;
-};
+using chorus::test::InprocThreads;
+using chorus::test::TcpProcesses;
+using chorus::test::TcpThreads;
 
 chorus::test::ProcessOptions process_options(std::set<int> killed = {}) {
   chorus::test::ProcessOptions p;

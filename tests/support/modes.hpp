@@ -1,0 +1,23 @@
+#pragma once
+/// How the ranks of a transport test run: the transport, and threads or processes. Test cases are
+/// templated on these (TEST_CASE_TEMPLATE), so each runs in every mode.
+
+#include "chorus/transport/inproc/transport.hpp"
+#include "chorus/transport/tcp/transport.hpp"
+
+namespace chorus::test {
+
+struct InprocThreads {
+  using Transport = chorus::inproc::Transport;
+  static constexpr bool kProcesses = false;
+};
+struct TcpThreads {
+  using Transport = chorus::tcp::Transport;
+  static constexpr bool kProcesses = false;
+};
+struct TcpProcesses {
+  using Transport = chorus::tcp::Transport;
+  static constexpr bool kProcesses = true;
+};
+
+}  // namespace chorus::test
