@@ -25,4 +25,4 @@ struct AllGather {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main<AllGather>(argc, argv); }
+int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<AllGather>(), argc, argv); }

@@ -20,4 +20,4 @@ struct AllReduce {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main<AllReduce>(argc, argv); }
+int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<AllReduce>(), argc, argv); }

@@ -26,4 +26,4 @@ struct AllToAll {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main<AllToAll>(argc, argv); }
+int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<AllToAll>(), argc, argv); }

@@ -29,4 +29,4 @@ struct Broadcast {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main<Broadcast>(argc, argv); }
+int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<Broadcast>(), argc, argv); }

@@ -25,4 +25,4 @@ struct Gather {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main<Gather>(argc, argv); }
+int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<Gather>(), argc, argv); }

@@ -22,4 +22,4 @@ struct Reduce {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main<Reduce>(argc, argv); }
+int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<Reduce>(), argc, argv); }

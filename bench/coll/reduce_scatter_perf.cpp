@@ -26,4 +26,4 @@ struct ReduceScatter {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main<ReduceScatter>(argc, argv); }
+int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<ReduceScatter>(), argc, argv); }

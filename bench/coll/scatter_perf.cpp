@@ -25,4 +25,4 @@ struct Scatter {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main<Scatter>(argc, argv); }
+int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<Scatter>(), argc, argv); }

@@ -29,4 +29,4 @@ struct SendRecv {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main<SendRecv>(argc, argv); }
+int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<SendRecv>(), argc, argv); }

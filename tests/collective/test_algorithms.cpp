@@ -1,6 +1,7 @@
 // Each forced algorithm of broadcast and reduce (the matrix runs the selector's choices), over
 // inproc ranks, with tiny slices so that pipelining is exercised on small buffers.
 #include "chorus/communicator.hpp"
+#include "support/communicators.hpp"
 
 #include <doctest/doctest.h>
 

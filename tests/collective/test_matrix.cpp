@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "chorus/communicator.hpp"
+#include "support/communicators.hpp"
 #include "chorus/transport/inproc/transport.hpp"
 #include "support/fill.hpp"
 #include "support/spawn.hpp"

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "chorus/communicator.hpp"
+#include "support/communicators.hpp"
 #include "chorus/transport/inproc/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 #include "support/fill.hpp"

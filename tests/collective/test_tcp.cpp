@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "chorus/communicator.hpp"
+#include "support/communicators.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 #include "support/fill.hpp"
 #include "support/spawn.hpp"

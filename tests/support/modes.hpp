@@ -2,8 +2,7 @@
 /// How the ranks of a transport test run: the transport, and threads or processes. Test cases are
 /// templated on these (TEST_CASE_TEMPLATE), so each runs in every mode.
 
-#include "chorus/transport/inproc/transport.hpp"
-#include "chorus/transport/tcp/transport.hpp"
+#include "support/communicators.hpp"
 
 namespace chorus::test {
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "chorus/communicator.hpp"
+#include "support/communicators.hpp"
 #include "chorus/detail/asio.hpp"
 #include "support/spawn.hpp"
 

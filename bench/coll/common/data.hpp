@@ -189,16 +189,15 @@ inline void fill_input(const Call& call, std::uint64_t seed) {
   });
 }
 
-/// Counts the elements of call.out (layout.recv of them) that differ, bit for bit, from what D
-/// expects; reports the first few on stderr.
-template <CollectiveDescriptor D>
-std::int64_t count_wrong(const Call& call, std::uint64_t seed, const char* what) {
+/// Counts the elements of call.out (layout.recv of them) that differ, bit for bit, from what the
+/// collective expects; reports the first few on stderr.
+inline std::int64_t count_wrong(const Collective& d, const Call& call, std::uint64_t seed, const char* what) {
   return dispatch(call.dtype, [&]<class T>(std::type_identity<T>) -> std::int64_t {
     const data::Inputs<T> gen{seed, call.size, call.op};
     const T* out = reinterpret_cast<const T*>(call.out);
     std::int64_t wrong = 0;
     for (std::size_t j = 0; j < call.layout.recv; ++j) {
-      const Expect e = D::expect(call.layout, call.rank, call.size, call.root, j);
+      const Expect e = d.expect(call.layout, call.rank, call.size, call.root, j);
       if (e.kind == Expect::Kind::none) continue;
       const T want = e.kind == Expect::Kind::copy ? gen(e.rank, e.index) : gen.reduced(e.index);
       if (std::memcmp(&want, out + j, sizeof(T)) == 0) continue;

@@ -1,6 +1,7 @@
 #pragma once
 /// What a *_perf program tells the shared driver about its collective (nccl-tests' `struct
-/// testColl`): one small struct of static members per collective, checked by the concept below.
+/// testColl`): one small struct of static members per collective, checked by the concept below,
+/// and handed to the driver as a `Collective` (describe<D>()).
 ///
 ///   struct AllReduce {
 ///     static constexpr std::string_view kName = "all_reduce";        // -> "all_reduce_perf"
@@ -30,6 +31,14 @@
 namespace chorus::bench {
 
 using Comm = Communicator<DefaultTransport>;
+
+}  // namespace chorus::bench
+
+// The driver library (driver.cpp) instantiates the communicator once for every *_perf program,
+// so that each program compiles only its descriptor.
+extern template class chorus::Communicator<chorus::DefaultTransport>;
+
+namespace chorus::bench {
 
 /// The buffers of one call, in elements, for a row of `size` bytes (nccl-tests getCollByteCount).
 struct Layout {
@@ -80,5 +89,25 @@ concept CollectiveDescriptor = requires(const Layout& l, int n, std::size_t j, C
   { D::expect(l, n, n, n, j) } -> std::same_as<Expect>;
   D::run(comm, call, pending);
 };
+
+/// A descriptor as the driver uses it: the same members, as values and function pointers.
+struct Collective {
+  std::string_view name;
+  std::optional<algo::CollectiveKind> kind;
+  bool reduces = false;
+  bool rooted = false;
+  bool in_place_checked = false;
+  Layout (*layout)(std::size_t count, int n) = nullptr;
+  double (*algbw_elements)(const Layout& l, int n) = nullptr;
+  double (*bus_factor)(int n) = nullptr;
+  Expect (*expect)(const Layout& l, int rank, int n, int root, std::size_t j) = nullptr;
+  void (*run)(Comm& comm, const Call& call, std::vector<Request>& pending) = nullptr;
+};
+
+template <CollectiveDescriptor D>
+constexpr Collective describe() {
+  return {D::kName,      D::kKind,           D::kReduces,    D::kRooted, D::kInPlaceChecked,
+          &D::layout,    &D::algbw_elements, &D::bus_factor, &D::expect, &D::run};
+}
 
 }  // namespace chorus::bench

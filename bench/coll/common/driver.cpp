@@ -1,0 +1,271 @@
+/// The driver every *_perf program shares (nccl-tests' src/common.cu), compiled once into the
+/// chorus_perf_driver library with the one instantiation of the communicator they all use.
+///
+/// For each data type, op (reducing collectives) and root (rooted ones), in nccl-tests' order:
+///   warm-up   -w calls of every size from -b to -e, doubling;
+///   each row  for out-of-place, then in-place:
+///             1. inputs written, one untimed call, a barrier;
+///             2. -n x -m calls timed back to back (async; -z waits after each), over the same
+///                buffers at offsets that walk through them (as nccl-tests does, against cache
+///                effects); time = elapsed / calls, combined over ranks by -a (mean by default;
+///                -C reports the time to post the calls instead, bandwidth stays as is);
+///                algbw = bytes / time (1 GB = 1e9 B), busbw = algbw x the collective's factor;
+///             3. -c checked calls: fresh inputs (a new seed), the output compared bit for bit
+///                with the reference (data.hpp); #wrong = wrong elements summed over ranks.
+/// Exit status 1 when any element was wrong (or a rank failed), else 0. Only rank 0 prints; the
+/// other ranks' pid and host reach it through a gather.
+///
+/// Launch (launch.hpp): run plainly, the program starts --nranks local ranks of itself; under
+/// torchrun (or with MASTER_ADDR/MASTER_PORT set) it joins through env://; under mpirun or srun
+/// without MASTER_ADDR, the ranks of one host meet in a file store named after the launcher's job
+/// id ($TMPDIR/chorus-bench-<uid>-<job>.store), which rank 0 removes once all have joined.
+///
+/// Out-of-place and in-place buffers follow nccl-tests: in place, the input sits at
+/// recv + rank * layout.send_in_place and the output at recv + rank * layout.recv_in_place.
+/// Where chorus has no in-place form (all_to_all, send/recv), the in-place half is timed on
+/// aliased buffers and its #wrong is N/A, as in nccl-tests.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "chorus/algo/select.hpp"
+#include "coll/common/data.hpp"
+#include "coll/common/descriptor.hpp"
+#include "coll/common/driver.hpp"
+#include "coll/common/launch.hpp"
+#include "coll/common/report.hpp"
+#include "coll/common/settings.hpp"
+
+template class chorus::Communicator<chorus::DefaultTransport>;
+
+namespace chorus::bench {
+namespace {
+
+void wait_all(std::vector<Request>& pending) {
+  for (auto& r : pending) r.wait();
+  pending.clear();
+}
+
+class Driver {
+ public:
+  Driver(const Collective& d, Comm& comm, const Settings& s, std::string program)
+      : d_(d),
+        comm_(comm),
+        s_(s),
+        rank_(comm.rank()),
+        n_(comm.size()),
+        report_(comm.rank() == 0, s, std::move(program)),
+        overrides_(algo::Overrides::from(comm.options())),
+        capacity_(std::max<std::size_t>(s.max_bytes, 64)),
+        send_(capacity_),
+        recv_(capacity_) {}
+
+  int run() {
+    report_.header(gather_ranks(), Comm::transport_type::kName, comm_.options().algorithm, comm_.options().timeout);
+    report_.table_header();
+    for (DataType dt : s_.types) {
+      for (ReduceOp op : d_.reduces ? s_.ops : std::vector<ReduceOp>{ReduceOp::sum}) {
+        const int first = !d_.rooted ? -1 : s_.root >= 0 ? s_.root : 0;
+        const int last = !d_.rooted ? -1 : s_.root >= 0 ? s_.root : n_ - 1;
+        for (int root = first; root <= last; ++root) time_test(dt, op, root);
+      }
+    }
+    report_.footer(wrong_total_);
+    comm_.barrier();
+    return wrong_total_ == 0 ? 0 : 1;
+  }
+
+ private:
+  /// Every rank's pid and host name, gathered on rank 0 in fixed-size records.
+  std::vector<RankInfo> gather_ranks() {
+    constexpr std::size_t kRecord = 256;
+    std::array<std::uint8_t, kRecord> mine{};
+    const std::int32_t pid = static_cast<std::int32_t>(::getpid());
+    std::memcpy(mine.data(), &pid, sizeof pid);
+    ::gethostname(reinterpret_cast<char*>(mine.data()) + 4, kRecord - 5);
+    std::vector<std::uint8_t> all(rank_ == 0 ? kRecord * static_cast<std::size_t>(n_) : 0);
+    comm_.gather(mine, all, 0);
+    std::vector<RankInfo> ranks;
+    for (int r = 0; rank_ == 0 && r < n_; ++r) {
+      const std::uint8_t* rec = all.data() + kRecord * static_cast<std::size_t>(r);
+      RankInfo info;
+      info.rank = r;
+      std::memcpy(&info.pid, rec, sizeof pid);
+      info.host.assign(reinterpret_cast<const char*>(rec) + 4, strnlen(reinterpret_cast<const char*>(rec) + 4, kRecord - 5));
+      ranks.push_back(std::move(info));
+    }
+    return ranks;
+  }
+
+  /// The algorithm the communicator will run for this row (the same cost model, same inputs).
+  std::string algorithm(const Layout& l, DataType dt) const {
+    if (!d_.kind) return "p2p";
+    if (n_ == 1) return "local";
+    const auto model = std::string_view(Comm::transport_type::kName) == "inproc" ? algo::kInprocModel : algo::kTcpModel;
+    return std::string(algo::to_string(algo::select(*d_.kind, l.count * size_of(dt), n_, model, overrides_).algorithm));
+  }
+
+  /// The call for iteration `iter`: buffers shifted by a multiple of the row's footprint.
+  Call call(const Layout& l, DataType dt, ReduceOp op, int root, bool in_place, long iter) {
+    const std::size_t elem = size_of(dt);
+    const std::size_t footprint = std::max(l.send, l.recv) * elem;
+    const std::size_t steps = footprint ? s_.max_bytes / footprint : 1;
+    const std::size_t shift = steps > 1 ? footprint * (static_cast<std::size_t>(iter) % steps) : 0;
+    Call c;
+    c.layout = l;
+    c.dtype = dt;
+    c.op = op;
+    c.root = root;
+    c.rank = rank_;
+    c.size = n_;
+    std::byte* recv = recv_.data() + shift;
+    const auto r = static_cast<std::size_t>(rank_);
+    c.in = in_place ? recv + r * l.send_in_place * elem : send_.data() + shift;
+    c.out = in_place ? recv + r * l.recv_in_place * elem : recv;
+    return c;
+  }
+
+  void start(const Call& c) {
+    d_.run(comm_, c, pending_);
+    if (s_.blocking != 0) {
+      wait_all(pending_);
+      if (s_.blocking == 1) comm_.barrier();
+    }
+  }
+
+  void finish() { wait_all(pending_); }
+
+  /// Times over ranks, as -a says: rank 0's, the mean, the minimum or the maximum.
+  std::array<double, 2> combine_times(std::array<double, 2> v) {
+    switch (s_.average) {
+      case 0: comm_.broadcast(v, 0); break;
+      case 1:
+        comm_.all_reduce(v, ReduceOp::sum);
+        for (double& x : v) x /= n_;
+        break;
+      case 2: comm_.all_reduce(v, ReduceOp::min); break;
+      default: comm_.all_reduce(v, ReduceOp::max); break;
+    }
+    return v;
+  }
+
+  Result bench_time(const Layout& l, DataType dt, ReduceOp op, int root, bool in_place) {
+    const std::size_t elem = size_of(dt);
+    // 1. Inputs, one untimed call, everyone ready.
+    if (s_.check > 0) fill_input(call(l, dt, op, root, in_place, 0), 99);
+    start(call(l, dt, op, root, in_place, 0));
+    finish();
+    comm_.barrier();
+    // 2. Timed calls.
+    const long calls = static_cast<long>(s_.iters) * s_.agg_iters;
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    for (long i = 0; i < calls; ++i) start(call(l, dt, op, root, in_place, i));
+    const auto posted = Clock::now();
+    finish();
+    const auto done = Clock::now();
+    auto per_call = [&](Clock::time_point t) {
+      return std::chrono::duration<double>(t - t0).count() / static_cast<double>(calls);
+    };
+    // Bandwidth always from the time to completion; -C reports the time to post instead.
+    const auto [t, cpu] = combine_times({per_call(done), per_call(posted)});
+    Result res;
+    res.time_us = (s_.report_cputime ? cpu : t) * 1e6;
+    res.algbw = d_.algbw_elements(l, n_) * static_cast<double>(elem) / 1e9 / t;
+    res.busbw = res.algbw * d_.bus_factor(n_);
+    comm_.barrier();
+    // 3. Checked calls.
+    if (s_.check > 0 && (!in_place || d_.in_place_checked)) {
+      std::int64_t wrong = 0;
+      for (int c = 0; c < s_.check; ++c) {
+        const std::uint64_t seed = ++rep_;
+        std::memset(recv_.data(), 0, std::max(l.send, l.recv) * elem);
+        const Call cl = call(l, dt, op, root, in_place, 0);
+        fill_input(cl, seed);
+        start(cl);
+        finish();
+        const std::string what = std::string(d_.name) + " " + std::string(nccl_name(dt)) + " " +
+                                 std::string(to_string(op)) + " root " + std::to_string(root) + " size " +
+                                 std::to_string(std::max(l.send, l.recv) * elem) + (in_place ? " in-place" : " out-of-place");
+        std::array<std::int64_t, 1> w{count_wrong(d_, cl, seed, what.c_str())};
+        comm_.all_reduce(w, ReduceOp::sum);
+        wrong = w[0];
+        if (wrong != 0) break;
+      }
+      res.wrong = wrong;
+      wrong_total_ += wrong;
+    }
+    return res;
+  }
+
+  /// One data type, op and root: warm-up, then a row per size (nccl-tests' TimeTest).
+  void time_test(DataType dt, ReduceOp op, int root) {
+    const std::size_t elem = size_of(dt);
+    comm_.barrier();
+    for (std::size_t size = s_.min_bytes; size <= s_.max_bytes; size = size ? size * 2 : 1) {
+      const Layout l = d_.layout(size / elem, n_);
+      for (int w = 0; w < s_.warmup_iters; ++w) start(call(l, dt, op, root, false, w));
+      finish();
+      if (size > s_.max_bytes / 2) break;
+    }
+    long repeat = s_.run_cycles;
+    do {
+      for (std::size_t size = s_.min_bytes; size <= s_.max_bytes;) {
+        const Layout l = d_.layout(size / elem, n_);
+        report_.row_begin(std::max(l.send, l.recv) * elem, l.count, nccl_name(dt), d_.reduces ? to_string(op) : "none",
+                          root);
+        report_.result(bench_time(l, dt, op, root, false), true);
+        report_.result(bench_time(l, dt, op, root, true), false);
+        report_.row_end(algorithm(l, dt));
+        const std::size_t next = s_.step_factor > 1 ? (size ? size * s_.step_factor : 1) : size + s_.step_bytes;
+        if (next <= size) break;  // overflow
+        size = next;
+      }
+    } while (--repeat != 0);
+  }
+
+  const Collective& d_;
+  Comm& comm_;
+  const Settings& s_;
+  const int rank_;
+  const int n_;
+  Reporter report_;
+  algo::Overrides overrides_;
+  std::size_t capacity_;
+  std::vector<std::byte> send_;
+  std::vector<std::byte> recv_;
+  std::vector<Request> pending_;
+  std::int64_t wrong_total_ = 0;
+  std::uint64_t rep_ = 0;
+};
+
+/// main() of a *_perf program.
+}  // namespace
+
+int perf_main(const Collective& d, int argc, char** argv) {
+  ::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const std::string program = std::string(d.name) + "_perf";
+  const Settings settings = parse_settings(argc, argv, program);
+  int rank = -1;
+  try {
+    if (!launched_by_launcher()) return launch_local(settings.nranks, argc, argv);
+    JobStore store;
+    Comm comm = Comm::create(store.options(settings));
+    rank = comm.rank();
+    store.joined(comm);
+    return Driver(d, comm, settings, program).run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: rank %d: %s\n", program.c_str(), rank, e.what());
+    return 1;
+  }
+}
+
+}  // namespace chorus::bench

@@ -1,0 +1,5 @@
+// The one instantiation of each communicator the tests use (see communicators.hpp).
+#include "support/communicators.hpp"
+
+template class chorus::Communicator<chorus::inproc::Transport>;
+template class chorus::Communicator<chorus::tcp::Transport>;
