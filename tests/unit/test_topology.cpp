@@ -349,6 +349,14 @@ TEST_CASE("binary trees: both trees of the double binary tree are trees, depth <
       const TreeShape s = binary_shape(n, tree);
       CHECK(check_tree(s, root) <= t::ceil_log2(n));
       if (n > 1) CHECK(s.children[root].size() == 1);
+      // binary_tree_depth: 0 at the root, one more than the parent's, within the bound.
+      CHECK(t::binary_tree_depth(root, n, tree) == 0);
+      for (int r = 0; r < n; ++r) {
+        const t::TreeNode node = t::binary_tree_node(r, n, tree);
+        CHECK(t::binary_tree_depth(r, n, tree) <= t::ceil_log2(n));
+        for (int c = 0; c < node.child_count; ++c)
+          CHECK(t::binary_tree_depth(node.children[c], n, tree) == t::binary_tree_depth(r, n, tree) + 1);
+      }
     }
     // Tree 0 is in order: left child smaller, right child larger; its leaves are the odd ranks.
     for (int r = 1; r < n; ++r) {

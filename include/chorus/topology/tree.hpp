@@ -185,6 +185,15 @@ constexpr std::array<TreeNode, 2> double_binary_tree(int r, int n) {
   return {binary_tree_node(r, n, 0), binary_tree_node(r, n, 1)};
 }
 
+/// Rank r's depth in binary tree `tree_index`: edges from the root (0 at the root), at most
+/// ceil_log2(n).
+constexpr int binary_tree_depth(int r, int n, int tree_index) {
+  int depth = 0;
+  for (int v = binary_tree_node(r, n, tree_index).parent; v != kNoRank; v = binary_tree_node(v, n, tree_index).parent)
+    ++depth;
+  return depth;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Recursive doubling and recursive halving-doubling, with the fold for non-powers of two.
 //
