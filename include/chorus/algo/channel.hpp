@@ -5,11 +5,14 @@
 ///
 /// Descriptor protocol: the first message this rank sends to each peer during a call is preceded
 /// by the call's CollectiveDesc (a separate 32-byte message on the descriptor tag, pipelined with
-/// the data: no extra round trip). Receives from a peer whose descriptor has not been checked yet
-/// are held back (not posted on the link) until a wait() checks it: so a data message is only
-/// ever matched against a receive of a call that agrees, and a difference surfaces as one
-/// `mismatch` naming both ranks and both descriptors (never as a bare size error), which the
-/// communicator then spreads to every rank.
+/// the data: no extra round trip). Data receives are posted at once; waiting for one then checks
+/// the peer's descriptor, which the link delivers before that peer's data (messages of one link
+/// arrive in the order they were sent), so by then it is there and the check costs no wake-up.
+/// When the data failed (a size that differs), or the wait stalls while the peer's descriptor
+/// has arrived, the descriptor is compared first: a difference surfaces as one `mismatch`
+/// naming both ranks and both descriptors (never as a bare size error), which the communicator
+/// then spreads to every rank. A message of a call that differs may land in a buffer before the
+/// difference is seen; the call fails either way.
 /// Algorithms are symmetric (a's k-th send to b is b's k-th receive from a), so "first send to
 /// b" and "first receive from a" always meet.
 
@@ -57,7 +60,6 @@ class Channel {
     Request req;
     int peer = -1;
     bool recv = false;
-    int held = -1;  ///< index of a receive held back until the peer's descriptor is checked
   };
   /// Called with the mismatch error before it is thrown: the communicator spreads it.
   using OnMismatch = std::function<void(const Error&)>;
@@ -107,10 +109,6 @@ class Channel {
   Op irecv(int peer, MutableBytes b, int lane = 0) {
     auto& link = g_.transport->link(g_.members[peer]);
     meet(peer, link);
-    if (g_.descriptors && desc_state_[peer] != kChecked) {
-      held_.push_back({peer, b, lane, Request()});
-      return {Request(), peer, true, static_cast<int>(held_.size() - 1)};
-    }
     return {link.irecv(b, lane_tag(lane)), peer, true};
   }
 
@@ -120,11 +118,18 @@ class Channel {
     for (int p = 0; p < size(); ++p) check_desc(p);
   }
 
-  /// Waits for one operation; for a receive, first checks the peer's descriptor.
+  /// Waits for one operation; for a receive, then checks the peer's descriptor. When the
+  /// operation failed (either way: a differing call explains a differing size), the descriptor
+  /// is checked first.
   void wait(Op& op) {
+    if (!g_.descriptors) return wait_request(op.req);
+    try {
+      wait_request(op.req, op.peer);
+    } catch (const Error&) {
+      check_desc(op.peer);
+      throw;
+    }
     if (op.recv) check_desc(op.peer);
-    if (op.held >= 0) op.req = held_[op.held].req;
-    wait_request(op.req);
   }
   void wait_all(std::span<Op> ops) {
     for (auto& o : ops) wait(o);
@@ -150,15 +155,17 @@ class Channel {
 
   Tag lane_tag(int lane) const { return data_tag_ | (static_cast<Tag>(lane & 0xff) << kLaneShift); }
 
-  /// Waits for `r`, checking with the other ranks each time it stalls; the request's own timeout
-  /// still bounds the whole wait.
-  void wait_request(Request& r) {
+  /// Waits for `r`, checking with the other ranks each time it stalls (first with `peer`'s
+  /// descriptor, if it has arrived); the request's own timeout still bounds the whole wait.
+  void wait_request(Request& r, int peer = -1) {
     if (!r.valid()) return;
-    if (on_stall_) {
+    if (on_stall_ || peer >= 0) {
       const auto deadline = std::chrono::steady_clock::now() + r.state()->timeout();
-      while (std::chrono::steady_clock::now() < deadline)
+      while (std::chrono::steady_clock::now() < deadline) {
         if (r.state()->wait_for(kStallCheck)) return;
-        else on_stall_(desc_);
+        if (peer >= 0 && desc_state_[peer] == kPosted && desc_recv_[peer].test()) check_desc(peer);
+        if (on_stall_) on_stall_(desc_);
+      }
     }
     r.wait();
   }
@@ -177,17 +184,13 @@ class Channel {
     desc_recv_[peer].state()->then([keep = peer_desc_] {});
   }
 
-  /// Waits for the peer's descriptor and compares; when it agrees, posts the receives held back
-  /// for that peer, in the order they were made.
+  /// Waits for the peer's descriptor and compares.
   void check_desc(int peer) {
     if (desc_state_[peer] != kPosted) return;
     wait_request(desc_recv_[peer]);
     const CollectiveDesc& theirs = (*peer_desc_)[peer];
     if (theirs == desc_) {
       desc_state_[peer] = kChecked;
-      auto& link = g_.transport->link(g_.members[peer]);
-      for (auto& h : held_)
-        if (h.peer == peer && !h.req.valid()) h.req = link.irecv(h.bytes, lane_tag(h.lane));
       return;
     }
     Error e(ErrorCode::mismatch, ErrorContext{g_.rank, peer, describe(desc_)},
@@ -207,13 +210,6 @@ class Channel {
   std::vector<Request> desc_recv_;
   std::vector<char> desc_state_;
   std::vector<Request> desc_sends_;
-  struct Held {
-    int peer;
-    MutableBytes bytes;
-    int lane;
-    Request req;  ///< valid once posted
-  };
-  std::deque<Held> held_;
 };
 
 }  // namespace chorus::algo
