@@ -501,12 +501,11 @@ void reduce_scatter_case(Comm& c, Ctx& x, std::size_t count, ReduceOp op, int va
 
 // ---- all_to_all ----------------------------------------------------------------------------
 
-/// Variants: 0 typed, 1 typed async, 2 type-erased async. (Out of place only: the API does not
-/// promise in-place all_to_all.)
+/// Variants: 0 typed, 1 typed async, 2 type-erased async, 3 in place (in and out one buffer).
 template <class T>
 void all_to_all_case(Comm& c, Ctx& x, std::size_t count, int variant) {
   constexpr DataType dt = chorus::data_type_of<T>;
-  static const char* kVariant[] = {"typed", "typed async", "type-erased async"};
+  static const char* kVariant[] = {"typed", "typed async", "type-erased async", "in place"};
   const std::uint64_t seed = x.next_seed(Coll::all_to_all, dt, count, variant);
   const std::string what = describe("all_to_all", dt, nullptr, count, kVariant[variant], x);
   const std::size_t total = count * static_cast<std::size_t>(x.world);
@@ -516,12 +515,16 @@ void all_to_all_case(Comm& c, Ctx& x, std::size_t count, int variant) {
   };
   const std::vector<T> in = pattern_input<T>(seed, x.rank, total);
   Guarded<T> out(total, seed, x.rank);
-  if (variant == 0)
+  if (variant == 0) {
     c.all_to_all(std::span<const T>(in), out.span());
-  else if (variant == 1)
+  } else if (variant == 1) {
     c.all_to_all_async(std::span<const T>(in), out.span()).wait();
-  else
+  } else if (variant == 2) {
     c.all_to_all_async(in.data(), out.data(), count, dt).wait();
+  } else {
+    std::copy(in.begin(), in.end(), out.span().begin());
+    c.all_to_all(std::span<const T>(out.span()), out.span());
+  }
   check_pattern_input<T>(in, seed, x, what);
   out.check_guard(what);
   check_equal<T>(out.cspan(), expected, what, x.rank);
@@ -663,7 +666,7 @@ void run_all_to_all(int world) {
       world, "",
       [](Comm& c, Ctx& x, std::size_t count, auto t) {
         using T = decltype(t);
-        for (int variant = 0; variant < 3; ++variant) all_to_all_case<T>(c, x, count, variant);
+        for (int variant = 0; variant < 4; ++variant) all_to_all_case<T>(c, x, count, variant);
       },
       [](Comm& c, Ctx& x, std::size_t count, ReduceOp, auto t) {
         using T = decltype(t);

@@ -5,6 +5,8 @@
 /// all-to-all by pairwise exchange (P-1 steps, step k: send to r+k, receive from r-k), and the
 /// dissemination barrier.
 
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "chorus/algo/channel.hpp"
@@ -39,15 +41,25 @@ void direct_scatter(Channel<T>& ch, const Args& a) {
   ch.wait_all(sends);
 }
 
-/// All-to-all: block p of in goes to rank p, arriving as block r of its out.
+/// All-to-all: block p of in goes to rank p, arriving as block r of its out. In place (in and
+/// out overlapping) the input is first copied to the work area, since a received block would
+/// overwrite one not yet sent.
 template <Transport T>
-void pairwise_all_to_all(Channel<T>& ch, const Args& a) {
+void pairwise_all_to_all(Channel<T>& ch, const Args& a, Scratch& s) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t block = a.bytes(a.count);
-  copy_if_distinct(a.out + block * r, a.in + block * r, block);
+  const std::size_t total = block * static_cast<std::size_t>(n);
+  const std::byte* in = a.in;
+  const auto lo_in = reinterpret_cast<std::uintptr_t>(in), lo_out = reinterpret_cast<std::uintptr_t>(a.out);
+  if (total != 0 && lo_in < lo_out + total && lo_out < lo_in + total) {
+    std::byte* copy = s.work(total);
+    std::memcpy(copy, in, total);
+    in = copy;
+  }
+  copy_if_distinct(a.out + block * r, in + block * r, block);
   for (int k = 1; k < n; ++k) {
     const int to = (r + k) % n, from = (r - k + n) % n;
-    ch.sendrecv(to, cbytes(a.in + block * to, block), from, mbytes(a.out + block * from, block));
+    ch.sendrecv(to, cbytes(in + block * to, block), from, mbytes(a.out + block * from, block));
   }
 }
 

@@ -291,7 +291,7 @@ void Communicator<T>::run_algorithm(State& st, algo::Channel<T>& ch, const algo:
       case algo::CollectiveKind::gather: return algo::direct_gather(ch, args);
       case algo::CollectiveKind::all_gather: return algo::ring_all_gather(ch, args, st.scratch);
       case algo::CollectiveKind::reduce_scatter: return algo::ring_reduce_scatter(ch, args, st.scratch);
-      case algo::CollectiveKind::all_to_all: return algo::pairwise_all_to_all(ch, args);
+      case algo::CollectiveKind::all_to_all: return algo::pairwise_all_to_all(ch, args, st.scratch);
       case algo::CollectiveKind::barrier:
       case algo::CollectiveKind::split: return algo::dissemination_barrier(ch);
     }
