@@ -1,8 +1,10 @@
-// tcp_pingpong: point-to-point latency and bandwidth of the tcp transport between two processes
-// on this host (loopback). The program launches itself: run it plainly and it starts two ranks
-// of itself through chorus::launch_local (which hosts the store on 127.0.0.1).
+// tcp_pingpong: point-to-point latency and bandwidth between two processes on this host, over
+// the tcp transport (loopback; the default) or the shm transport (--transport shm). The program
+// launches itself: run it plainly and it starts two ranks of itself through chorus::launch_local
+// (which hosts the store on 127.0.0.1).
 //
-//   tcp_pingpong [--iters N] [--warmup N] [--repeats N] [--sizes 8,64,1K,64K] [--bw-sizes 1M,16M,64M]
+//   tcp_pingpong [--transport tcp|shm|auto] [--iters N] [--warmup N] [--repeats N]
+//                [--sizes 8,64,1K,64K] [--bw-sizes 1M,16M,64M]
 //
 // Latency: ping-pong, rank 0 sends `size` bytes and rank 1 sends them back; the half round trip
 // of every iteration is timed, and the table gives the median, the minimum and the 90th percentile.
@@ -30,9 +32,10 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Comm = chorus::Communicator<chorus::tcp::Transport>;
+using Comm = chorus::Communicator<chorus::DefaultTransport>;  // transport chosen by --transport
 
 struct Args {
+  std::string transport = "tcp";
   int iters = 2000;
   int warmup = 200;
   int repeats = 5;
@@ -51,6 +54,8 @@ Args parse_args(int argc, char** argv) {
   Args a;
   CLI::App app{"chorus tcp transport: ping-pong latency and one-way bandwidth between 2 local processes"};
   std::vector<std::string> lat = {"8", "64", "1K", "64K"}, bw = {"1M", "16M", "64M"};
+  app.add_option("--transport", a.transport, "tcp, shm or auto (shm between processes of this host)")
+      ->check(CLI::IsMember({"tcp", "shm", "auto"}));
   app.add_option("--iters", a.iters, "ping-pong iterations per size")->check(CLI::Range(1, 100000000));
   app.add_option("--warmup", a.warmup, "warm-up iterations per size")->check(CLI::Range(0, 100000000));
   app.add_option("--repeats", a.repeats, "bandwidth runs per size (median and best are shown)")->check(CLI::Range(1, 100000));
@@ -164,12 +169,15 @@ int main(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
   try {
     if (!chorus::launched_by_launcher()) return chorus::launch_local(2, argc, argv);
-    auto comm = Comm::create(chorus::Options::from_env());
+    chorus::Options o = chorus::Options::from_env();
+    o.transport = args.transport;
+    auto comm = Comm::create(std::move(o));
     if (comm.size() != 2) {
       if (comm.rank() == 0) std::fprintf(stderr, "tcp_pingpong needs exactly 2 ranks, got %d\n", comm.size());
       return 2;
     }
-    if (comm.rank() == 0) std::printf("# chorus tcp transport, 2 processes on this host\n");
+    if (comm.rank() == 0)
+      std::printf("# chorus %s transport, 2 processes on this host\n", std::string(comm.transport().link_kind(1)).c_str());
     latency(comm, args);
     bandwidth(comm, args);
     comm.barrier();

@@ -21,15 +21,19 @@
 #include "chorus/bootstrap/launch_env.hpp"
 #include "chorus/bootstrap/local_launch.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/transport/hybrid/transport.hpp"
 #include "chorus/transport/inproc/transport.hpp"
+#include "chorus/transport/shm/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 #include "chorus/communicator.hpp"
+#include "chorus/sgd/sgd.hpp"
 
 namespace chorus {
 
-/// The transport chorus::init() uses. Today every peer is reached over tcp; the shm, rdma and
-/// cuda_ipc transports will make it pick per peer.
-using DefaultTransport = tcp::Transport;
+/// The transport chorus::init() uses: picks per peer from Options::transport (CHORUS_TRANSPORT,
+/// default auto): shm to ranks on the same host, tcp to the others (see transport/hybrid). rdma
+/// and cuda_ipc will join it.
+using DefaultTransport = hybrid::Transport;
 
 /// Creates the communicator the environment describes (see docs/environment.md).
 inline Communicator<DefaultTransport> init(Options options = Options::from_env()) {

@@ -1,5 +1,5 @@
 // Collectives over tcp with ranks as processes: a representative slice of the matrix (which runs
-// over inproc, test_matrix.cpp). World sizes 2, 3, 4; every collective; float32, int32 and
+// over inproc, test_matrix.cpp). A smaller slice runs over shm and over the auto transport. World sizes 2, 3, 4; every collective; float32, int32 and
 // bfloat16; sum and max (all_reduce: every op); counts 0, 1, 13, 100003; roots other than 0; in
 // place and out of place; all_reduce, broadcast and reduce with each of their algorithms.
 // Results are checked bit for bit against support/fill.hpp's reference on every rank.
@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -30,7 +31,9 @@ using chorus::test::expected_all_reduce;
 using chorus::test::input;
 using chorus::test::pattern;
 using chorus::test::seed_of;
-using Comm = chorus::Communicator<chorus::tcp::Transport>;
+using TcpComm = chorus::Communicator<chorus::tcp::Transport>;
+using ShmComm = chorus::Communicator<chorus::shm::Transport>;
+using AutoComm = chorus::Communicator<chorus::hybrid::Transport>;
 
 constexpr std::size_t kCounts[] = {0, 1, 13, 100003};
 constexpr DataType kDataTypes[] = {DataType::float32, DataType::int32, DataType::bfloat16};
@@ -70,6 +73,7 @@ constexpr const char* name(Coll c) {
 }
 
 /// Runs one collective call on every rank and checks this rank's result.
+template <class Comm>
 struct Runner {
   Comm& comm;
   std::string where;       ///< "(tcp, world 3, ring)"
@@ -213,9 +217,19 @@ struct Runner {
   }
 };
 
-/// Ranks as processes over tcp, every wait bounded.
+/// "(tcp, world 3)" or "(tcp, world 3, ring)". (A stream: concatenating std::string temporaries
+/// here trips g++ 12's -Wrestrict false positive.)
+inline std::string where_text(std::string_view transport, int world, std::string_view algo = {}) {
+  std::ostringstream os;
+  os << '(' << transport << ", world " << world;
+  if (!algo.empty()) os << ", " << algo;
+  os << ')';
+  return os.str();
+}
+
+/// Ranks as processes, every wait bounded.
 template <class Body>
-void run_tcp(int world, const Body& body) {
+void run_procs(int world, const Body& body) {
   chorus::test::ProcessOptions p;
   p.timeout = 240s;
   p.comm_timeout = 30s;
@@ -225,32 +239,33 @@ void run_tcp(int world, const Body& body) {
 
 /// Every collective, each dtype, sum and max where there is an op, each count, roots other than
 /// 0, in place and out of place. Small slices (64 bytes) for the small counts.
+template <class Comm>
 void collectives(int world) {
-  run_tcp(world, [world](chorus::Options o) {
+  run_procs(world, [world](chorus::Options o) {
     chorus::Options small_o = o;
     small_o.chunk_bytes = 64;
     Comm small = Comm::create(small_o);
     Comm large = Comm::create(o);
-    const std::string where = "(tcp, world " + std::to_string(world) + ")";
-    Runner rs{small, where}, rl{large, where};
+    const std::string where = where_text(Comm::transport_type::kName, world);
+    Runner<Comm> rs{small, where}, rl{large, where};
     const std::vector<int> roots = world > 2 ? std::vector<int>{world - 1, world / 2} : std::vector<int>{1};
     for (std::size_t count : kCounts) {
-      Runner& run = count > 1000 ? rl : rs;
+      Runner<Comm>& run = count > 1000 ? rl : rs;
       for (DataType dt : kDataTypes)
         chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
           for (bool in_place : {false, true}) {
             for (ReduceOp op : kOps) {
-              run.run<T>(Coll::all_reduce, count, op, -1, in_place);
-              run.run<T>(Coll::reduce_scatter, count, op, -1, in_place);
-              for (int root : roots) run.run<T>(Coll::reduce, count, op, root, in_place);
+              run.template run<T>(Coll::all_reduce, count, op, -1, in_place);
+              run.template run<T>(Coll::reduce_scatter, count, op, -1, in_place);
+              for (int root : roots) run.template run<T>(Coll::reduce, count, op, root, in_place);
             }
             for (int root : roots) {
-              run.run<T>(Coll::broadcast, count, ReduceOp::sum, root, in_place);
-              run.run<T>(Coll::scatter, count, ReduceOp::sum, root, in_place);
-              run.run<T>(Coll::gather, count, ReduceOp::sum, root, in_place);
+              run.template run<T>(Coll::broadcast, count, ReduceOp::sum, root, in_place);
+              run.template run<T>(Coll::scatter, count, ReduceOp::sum, root, in_place);
+              run.template run<T>(Coll::gather, count, ReduceOp::sum, root, in_place);
             }
-            run.run<T>(Coll::all_gather, count, ReduceOp::sum, -1, in_place);
-            if (!in_place) run.run<T>(Coll::all_to_all, count, ReduceOp::sum, -1, false);
+            run.template run<T>(Coll::all_gather, count, ReduceOp::sum, -1, in_place);
+            if (!in_place) run.template run<T>(Coll::all_to_all, count, ReduceOp::sum, -1, false);
           }
         });
     }
@@ -263,15 +278,16 @@ void collectives(int world) {
 /// (binomial, chain) and reduce (binomial, ring: sum and max), each dtype and count, in and out of
 /// place, the last rank as root. An algorithm that does not apply to a collective leaves it to
 /// the model.
+template <class Comm>
 void algorithms(int world) {
-  run_tcp(world, [world](chorus::Options o) {
+  run_procs(world, [world](chorus::Options o) {
     for (const char* algo : {"ring", "tree", "recursive_doubling", "binomial", "chain", ""}) {
       const std::string name = *algo ? algo : "auto";
       chorus::Options ao = o;
       ao.algorithm = algo;
       ao.chunk_bytes = 1024;
       Comm comm = Comm::create(ao);
-      Runner run{comm, "(tcp, world " + std::to_string(world) + ", " + name + ")"};
+      Runner<Comm> run{comm, where_text(Comm::transport_type::kName, world, name)};
       const bool all_reduce =
           name == "ring" || name == "tree" || name == "recursive_doubling" || name == "auto";
       const bool broadcast = name == "binomial" || name == "chain" || name == "auto";
@@ -282,10 +298,10 @@ void algorithms(int world) {
             for (bool in_place : {false, true}) {
               if (all_reduce)
                 for (ReduceOp op : chorus::kAllReduceOps)
-                  run.run<T>(Coll::all_reduce, count, op, -1, in_place);
-              if (broadcast) run.run<T>(Coll::broadcast, count, ReduceOp::sum, world - 1, in_place);
+                  run.template run<T>(Coll::all_reduce, count, op, -1, in_place);
+              if (broadcast) run.template run<T>(Coll::broadcast, count, ReduceOp::sum, world - 1, in_place);
               if (reduce)
-                for (ReduceOp op : kOps) run.run<T>(Coll::reduce, count, op, world - 1, in_place);
+                for (ReduceOp op : kOps) run.template run<T>(Coll::reduce, count, op, world - 1, in_place);
             }
           });
       comm.barrier();
@@ -295,9 +311,15 @@ void algorithms(int world) {
 
 }  // namespace
 
-TEST_CASE("tcp processes: every collective world 2") { collectives(2); }
-TEST_CASE("tcp processes: every collective world 3") { collectives(3); }
-TEST_CASE("tcp processes: every collective world 4") { collectives(4); }
-TEST_CASE("tcp processes: forced algorithms world 2") { algorithms(2); }
-TEST_CASE("tcp processes: forced algorithms world 3") { algorithms(3); }
-TEST_CASE("tcp processes: forced algorithms world 4") { algorithms(4); }
+TEST_CASE("tcp processes: every collective world 2") { collectives<TcpComm>(2); }
+TEST_CASE("tcp processes: every collective world 3") { collectives<TcpComm>(3); }
+TEST_CASE("tcp processes: every collective world 4") { collectives<TcpComm>(4); }
+TEST_CASE("tcp processes: forced algorithms world 2") { algorithms<TcpComm>(2); }
+TEST_CASE("tcp processes: forced algorithms world 3") { algorithms<TcpComm>(3); }
+TEST_CASE("tcp processes: forced algorithms world 4") { algorithms<TcpComm>(4); }
+// The shm slice: every collective at world 2 and 3, forced algorithms at world 3; and the
+// default (auto) transport, which is shm here.
+TEST_CASE("shm processes: every collective world 2") { collectives<ShmComm>(2); }
+TEST_CASE("shm processes: every collective world 3") { collectives<ShmComm>(3); }
+TEST_CASE("shm processes: forced algorithms world 3") { algorithms<ShmComm>(3); }
+TEST_CASE("auto processes: every collective world 4") { collectives<AutoComm>(4); }

@@ -3,3 +3,5 @@
 
 template class chorus::Communicator<chorus::inproc::Transport>;
 template class chorus::Communicator<chorus::tcp::Transport>;
+template class chorus::Communicator<chorus::shm::Transport>;
+template class chorus::Communicator<chorus::hybrid::Transport>;

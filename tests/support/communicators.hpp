@@ -4,8 +4,12 @@
 /// before using them compiles in about two thirds of the time.
 
 #include "chorus/communicator.hpp"
+#include "chorus/transport/hybrid/transport.hpp"
 #include "chorus/transport/inproc/transport.hpp"
+#include "chorus/transport/shm/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 
 extern template class chorus::Communicator<chorus::inproc::Transport>;
 extern template class chorus::Communicator<chorus::tcp::Transport>;
+extern template class chorus::Communicator<chorus::shm::Transport>;
+extern template class chorus::Communicator<chorus::hybrid::Transport>;

@@ -19,4 +19,18 @@ struct TcpProcesses {
   static constexpr bool kProcesses = true;
 };
 
+struct ShmThreads {
+  using Transport = chorus::shm::Transport;
+  static constexpr bool kProcesses = false;
+};
+struct ShmProcesses {
+  using Transport = chorus::shm::Transport;
+  static constexpr bool kProcesses = true;
+};
+/// The default transport (transport=auto): shm here, since every rank is on this host.
+struct AutoProcesses {
+  using Transport = chorus::hybrid::Transport;
+  static constexpr bool kProcesses = true;
+};
+
 }  // namespace chorus::test

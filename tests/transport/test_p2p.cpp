@@ -1,10 +1,11 @@
 // Point-to-point through the public API (Communicator::send/recv/isend/irecv, barrier, abort), over
-// inproc (ranks as threads), tcp with ranks as threads, and tcp with ranks as processes, for world
+// inproc (ranks as threads), tcp with ranks as threads, tcp and shm with ranks as processes, for world
 // sizes 2, 3, 4 and 8. Data is checked byte by byte against a pattern that depends on sender,
 // receiver, tag, message and byte index, so a shifted, swapped or truncated message fails.
 #include "chorus/communicator.hpp"
 
 #include "chorus/transport/inproc/transport.hpp"
+#include "chorus/transport/shm/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 
 #include <doctest/doctest.h>
@@ -31,6 +32,7 @@ using chorus::test::expect_eq;
 using chorus::test::expect_error;
 
 using chorus::test::InprocThreads;
+using chorus::test::ShmProcesses;
 using chorus::test::TcpProcesses;
 using chorus::test::TcpThreads;
 
@@ -104,12 +106,13 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 TYPE_TO_STRING(InprocThreads);
 TYPE_TO_STRING(TcpThreads);
 TYPE_TO_STRING(TcpProcesses);
+TYPE_TO_STRING(ShmProcesses);
 
 // Every rank isends to every other rank and irecvs from every other rank at once, several
 // messages per pair on one tag (so they must match in posting order), sizes 0, 1, 7, 1000003.
 // Even ranks post their sends first, odd ranks their receives first.
 TEST_CASE_TEMPLATE("p2p: all pairs exchange at once, sizes 0 1 7 1000003 in order", M, InprocThreads, TcpThreads,
-                   TcpProcesses) {
+                   TcpProcesses, ShmProcesses) {
   for (int n : kWorldSizes) {
     CAPTURE(n);
     run_world<M>(n, [](auto& comm, chorus::Store&) {
@@ -164,7 +167,7 @@ TEST_CASE_TEMPLATE("p2p: all pairs exchange at once, sizes 0 1 7 1000003 in orde
 
 // 10,000 eight-byte messages to the right neighbour on one tag, each carrying its sequence number;
 // the left neighbour receives them one by one and must see them in order.
-TEST_CASE_TEMPLATE("p2p: 10000 small messages arrive in order", M, InprocThreads, TcpThreads, TcpProcesses) {
+TEST_CASE_TEMPLATE("p2p: 10000 small messages arrive in order", M, InprocThreads, TcpThreads, TcpProcesses, ShmProcesses) {
   for (int n : kWorldSizes) {
     CAPTURE(n);
     run_world<M>(n, [](auto& comm, chorus::Store&) {
@@ -196,7 +199,7 @@ TEST_CASE_TEMPLATE("p2p: 10000 small messages arrive in order", M, InprocThreads
 // Tags are matched independently: the sender sends tags 1, 2, 3; the receiver receives 3, 2, 1.
 // Phase A: the messages may arrive before the receives (unexpected queue). Phase B: receives are
 // posted (3, 2, 1) before the barrier, sends go out after it, and the receives are waited 1, 2, 3.
-TEST_CASE_TEMPLATE("p2p: receives posted in reverse tag order", M, InprocThreads, TcpThreads, TcpProcesses) {
+TEST_CASE_TEMPLATE("p2p: receives posted in reverse tag order", M, InprocThreads, TcpThreads, TcpProcesses, ShmProcesses) {
   for (int n : kWorldSizes) {
     CAPTURE(n);
     run_world<M>(n, [](auto& comm, chorus::Store&) {
@@ -236,7 +239,7 @@ TEST_CASE_TEMPLATE("p2p: receives posted in reverse tag order", M, InprocThreads
 // the message names the rank, the peer and the operation. The sender's request must end (either
 // way) within the timeout; what it reports is left to the transport.
 TEST_CASE_TEMPLATE("p2p: size mismatch fails the receive with mismatch", M, InprocThreads, TcpThreads,
-                   TcpProcesses) {
+                   TcpProcesses, ShmProcesses) {
   for (std::size_t recv_size : {std::size_t(50), std::size_t(200)}) {
     CAPTURE(recv_size);
     for (int n : {2, 3}) {
@@ -267,7 +270,7 @@ TEST_CASE_TEMPLATE("p2p: size mismatch fails the receive with mismatch", M, Inpr
 
 // Peers out of range and negative tags are invalid_argument, thrown before anything is sent; the
 // communicator stays usable afterwards.
-TEST_CASE_TEMPLATE("p2p: invalid peer or tag is invalid_argument", M, InprocThreads, TcpThreads, TcpProcesses) {
+TEST_CASE_TEMPLATE("p2p: invalid peer or tag is invalid_argument", M, InprocThreads, TcpThreads, TcpProcesses, ShmProcesses) {
   for (int n : kWorldSizes) {
     CAPTURE(n);
     run_world<M>(n, [](auto& comm, chorus::Store&) {
@@ -303,7 +306,7 @@ TEST_CASE_TEMPLATE("p2p: invalid peer or tag is invalid_argument", M, InprocThre
 // before the barrier, and reads the count after it. In each round one rank enters late (the
 // short pause only widens the window in which a broken barrier is caught; a correct barrier
 // passes regardless of timing).
-TEST_CASE_TEMPLATE("p2p: barrier waits for every rank", M, InprocThreads, TcpThreads, TcpProcesses) {
+TEST_CASE_TEMPLATE("p2p: barrier waits for every rank", M, InprocThreads, TcpThreads, TcpProcesses, ShmProcesses) {
   for (int n : kWorldSizes) {
     CAPTURE(n);
     run_world<M>(n, [](auto& comm, chorus::Store& store) {
@@ -322,7 +325,7 @@ TEST_CASE_TEMPLATE("p2p: barrier waits for every rank", M, InprocThreads, TcpThr
 
 // abort() on rank 0 fails every rank's pending receive from rank 0 with peer_failure (not by the
 // timeout), and every later operation with rank 0 too; rank 0's own pending and later ones fail.
-TEST_CASE_TEMPLATE("p2p: abort fails the peers' pending receives", M, InprocThreads, TcpThreads, TcpProcesses) {
+TEST_CASE_TEMPLATE("p2p: abort fails the peers' pending receives", M, InprocThreads, TcpThreads, TcpProcesses, ShmProcesses) {
   for (int n : kWorldSizes) {
     CAPTURE(n);
     run_world<M>(n, [](auto& comm, chorus::Store& store) {

@@ -1,3 +1,4 @@
+// Over tcp and shm (the shm transport's own kill tests are in test_shm.cpp).
 // A peer that dies (SIGKILL) or leaves (destroys its communicator) fails the survivors' pending
 // operations with it with peer_failure, promptly: the communicators here have a 60 s timeout, and
 // the survivors must see peer_failure within 5 s of the peer's end, so only real detection of the
@@ -5,6 +6,7 @@
 #include "chorus/communicator.hpp"
 
 #include "chorus/transport/inproc/transport.hpp"
+#include "chorus/transport/shm/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 
 #include <doctest/doctest.h>
@@ -42,6 +44,7 @@ constexpr auto kPrompt = 5s;       // how soon a survivor must see peer_failure
 constexpr std::size_t kBig = std::size_t(256) << 20;
 
 using chorus::test::InprocThreads;
+using chorus::test::ShmProcesses;
 using chorus::test::TcpProcesses;
 using chorus::test::TcpThreads;
 
@@ -88,6 +91,7 @@ std::size_t resident_bytes() {
 TYPE_TO_STRING(InprocThreads);
 TYPE_TO_STRING(TcpThreads);
 TYPE_TO_STRING(TcpProcesses);
+TYPE_TO_STRING(ShmProcesses);
 
 // Rank 0 posts a 256 MiB receive; rank 1 starts sending 256 MiB and is killed while the bytes flow:
 // rank 0's receive, partly written, must fail with peer_failure.
@@ -157,7 +161,7 @@ TEST_CASE("peer failure: receiver killed by SIGKILL mid-transfer") {
 // Rank 1 leaves normally (its communicator is destroyed, and in the process case the process
 // exits) while rank 0 waits on a receive from it.
 TEST_CASE_TEMPLATE("peer failure: peer leaves while a receive from it is pending", M, InprocThreads, TcpThreads,
-                   TcpProcesses) {
+                   TcpProcesses, ShmProcesses) {
   auto body = [](int rank, chorus::Options o) {
     auto store = o.store;
     if (rank == 0) {
@@ -187,12 +191,12 @@ TEST_CASE_TEMPLATE("peer failure: peer leaves while a receive from it is pending
 
 // Three ranks: rank 2 is killed while ranks 0 and 1 wait on receives from it; both fail with
 // peer_failure naming peer 2.
-TEST_CASE("peer failure: one of three ranks killed") {
+TEST_CASE_TEMPLATE("peer failure: one of three ranks killed", M, TcpProcesses, ShmProcesses) {
   chorus::test::run_processes(
       3,
       [](int rank, chorus::Options o) {
         auto store = o.store;
-        auto comm = TcpComm::create(std::move(o));
+        auto comm = chorus::Communicator<typename M::Transport>::create(std::move(o));
         if (rank == 2) {
           store->wait({"test/posted/0", "test/posted/1"}, kTimeout);
           store->set("test/dying", "1");

@@ -9,6 +9,7 @@
 /// refused and logged and the rank keeps accepting. The listening socket is closed once all peers
 /// are connected, so nothing listens for the rest of the job.
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,7 +52,11 @@ class Transport {
  public:
   static constexpr std::string_view kName = "tcp";
 
-  explicit Transport(const Bootstrap& b);
+  /// Links to every other rank.
+  explicit Transport(const Bootstrap& b) : Transport(b, std::vector<bool>(static_cast<std::size_t>(b.size), true)) {}
+  /// Links only to the ranks with peers[p] set (the others are reached another way, see
+  /// transport/hybrid); both ends of a pair must agree. With no peer at all nothing listens.
+  Transport(const Bootstrap& b, std::vector<bool> peers);
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
   ~Transport();
@@ -59,7 +64,7 @@ class Transport {
   int rank() const { return rank_; }
   int size() const { return size_; }
   Link& link(int peer) {
-    if (peer < 0 || peer >= size_ || peer == rank_)
+    if (peer < 0 || peer >= size_ || peer == rank_ || !engine_->links[static_cast<std::size_t>(peer)])
       throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, "tcp link"},
                   "no link to this peer (send to self is not supported)");
     return *engine_->links[static_cast<std::size_t>(peer)];
@@ -78,20 +83,26 @@ class Transport {
 
   int rank_;
   int size_;
+  std::vector<bool> peers_;  ///< the ranks this transport links to
   std::shared_ptr<detail::Engine> engine_;
 };
 
 // ---- bodies ----
 
-inline Transport::Transport(const Bootstrap& b) : rank_(b.rank), size_(b.size), engine_(std::make_shared<detail::Engine>()) {
+inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
+    : rank_(b.rank), size_(b.size), peers_(std::move(peers)), engine_(std::make_shared<detail::Engine>()) {
+  if (peers_.size() != static_cast<std::size_t>(size_))
+    throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, -1, "tcp"}, "peer mask of the wrong size");
+  peers_[static_cast<std::size_t>(rank_)] = false;
   std::weak_ptr<detail::Engine> weak = engine_;
   auto on_timeout = [weak](const Error& e) {
     if (auto eng = weak.lock()) eng->fail_all(ErrorCode::peer_failure, std::string("aborted after a timeout: ") + e.what());
   };
   engine_->links.resize(static_cast<std::size_t>(size_));
   for (int p = 0; p < size_; ++p)
-    if (p != rank_) engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, on_timeout);
-  connect_all(b);
+    if (peers_[static_cast<std::size_t>(p)])
+      engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, on_timeout);
+  if (std::find(peers_.begin(), peers_.end(), true) != peers_.end()) connect_all(b);
   for (auto& l : engine_->links) {
     if (!l) continue;
     detail::tune_socket(l->socket());
@@ -139,8 +150,11 @@ inline void Transport::connect_all(const Bootstrap& b) {
   b.store->set("tcp/addr/" + std::to_string(rank_), addr.to_string() + " " + std::to_string(port));
   chorus::detail::log(chorus::detail::LogLevel::info, rank_, "tcp: listening on ", addr.to_string(), " port ", port);
 
+  // Ranks outside the mask count as connected: nothing waits for them.
   std::vector<bool> connected(static_cast<std::size_t>(size_), false);
-  int to_accept = size_ - 1 - rank_;
+  for (int p = 0; p < size_; ++p) connected[static_cast<std::size_t>(p)] = !peers_[static_cast<std::size_t>(p)];
+  int to_accept = 0;
+  for (int p = rank_ + 1; p < size_; ++p) to_accept += peers_[static_cast<std::size_t>(p)] ? 1 : 0;
   std::exception_ptr first_error;
 
   auto remaining = [&] {
@@ -159,6 +173,7 @@ inline void Transport::connect_all(const Bootstrap& b) {
   };
   // Connect to every lower rank.
   for (int p = 0; p < rank_; ++p) {
+    if (!peers_[static_cast<std::size_t>(p)]) continue;
     const std::string where = b.store->get("tcp/addr/" + std::to_string(p), remaining());
     const auto space = where.rfind(' ');
     boost::system::error_code ec;
@@ -229,7 +244,8 @@ inline void Transport::connect_all(const Bootstrap& b) {
                     const auto hello = co_await chorus::handshake_accept(
                         *sock, chorus::kHandshakeLink, token, [&](const chorus::Hello& h) {
                           return h.nonce == b.nonce && h.world == size_ && h.peer == rank_ && h.rank > rank_ &&
-                                 h.rank < size_ && !connected[static_cast<std::size_t>(h.rank)];
+                                 h.rank < size_ && peers_[static_cast<std::size_t>(h.rank)] &&
+                                 !connected[static_cast<std::size_t>(h.rank)];
                         });
                     if (connected[static_cast<std::size_t>(hello.rank)]) co_return;  // raced a duplicate
                     engine_->links[hello.rank]->socket() = std::move(*sock);

@@ -1,0 +1,565 @@
+#pragma once
+/// shm::Link: two processes of one host, through a shared-memory segment (one ring per direction,
+/// detail/segment.hpp) and a unix socket (doorbell and death notice, detail/socket.hpp).
+///
+/// Protocol (records in the ring towards the peer; see detail::Record):
+/// * A message up to Policy::kEagerBytes is copied into the ring (`eager`) by isend itself when
+///   there is room, so a small send costs one memcpy and, if the peer sleeps, one doorbell write.
+/// * A larger one is announced (`rts`, with the address of the sender's buffer). The receiver,
+///   once a receive matches it, pulls it with process_vm_readv (cross-memory attach: one copy,
+///   straight into the posted buffer) and answers `fin`, which completes the send. Where CMA is
+///   not allowed (the probe at connection fails, or CHORUS_SHM_CMA=0) it answers `cts` and the
+///   sender streams the message through the ring in `data` records.
+/// * Sizes must match: a receive of another size answers `fin` with the reject flag and both
+///   sides fail with mismatch, as tcp does.
+/// Unexpected eager messages are copied out of the ring (up to Policy::kMaxUnexpectedBytes per
+/// link; past that the link stops draining and the sender waits for room).
+///
+/// Threading: every member is guarded by the transport's mutex (Hub::mu), taken by isend/irecv on
+/// the caller's thread and by the progress thread. Requests are completed after that mutex is
+/// released (Completions), since a completion may call back into the transport.
+
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "chorus/core/concepts.hpp"
+#include "chorus/detail/log.hpp"
+#include "chorus/transport/matching.hpp"
+#include "chorus/transport/shm/detail/segment.hpp"
+#include "chorus/transport/shm/detail/socket.hpp"
+
+namespace chorus::shm {
+namespace detail {
+
+using chorus::detail::RequestState;
+using ReqPtr = std::shared_ptr<RequestState>;
+
+/// What the links of one transport share with its progress thread.
+struct Hub {
+  std::mutex mu;  ///< guards every link's state
+  std::atomic<bool> kicked{false};
+  std::atomic<int> sleeping{0};  ///< the progress thread blocks in poll()
+  Fd wake{::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)};
+
+  /// Tells the progress thread there is work (a pull to run, sends queued, a receive unpaused).
+  void kick() {
+    kicked.store(true, std::memory_order_seq_cst);
+    if (sleeping.load(std::memory_order_seq_cst) != 0 && sleeping.exchange(0) != 0) {
+      const std::uint64_t one = 1;
+      [[maybe_unused]] auto k = ::write(wake.get(), &one, sizeof one);
+    }
+  }
+};
+
+/// Completions gathered under the lock and run after it is released.
+class Completions {
+ public:
+  void complete(ReqPtr r, std::size_t bytes) { items_.push_back({std::move(r), true, bytes, {}, {}}); }
+  void fail(ReqPtr r, ErrorCode code, std::string why) {
+    items_.push_back({std::move(r), false, 0, code, std::move(why)});
+  }
+  void run() {
+    for (auto& i : items_) {
+      if (i.ok)
+        i.req->complete(i.bytes);
+      else
+        i.req->fail(i.code, i.why);
+    }
+    items_.clear();
+  }
+  ~Completions() { run(); }
+
+ private:
+  struct Item {
+    ReqPtr req;
+    bool ok;
+    std::size_t bytes;
+    ErrorCode code;
+    std::string why;
+  };
+  std::vector<Item> items_;
+};
+
+struct RecvOp {
+  MutableBytes dst;
+  ReqPtr req;
+  Tag tag;
+};
+struct EagerArrival {
+  std::vector<std::byte> data;
+};
+struct RtsArrival {
+  std::uint64_t size;
+  std::uint64_t id;
+  std::uint64_t addr;
+};
+using Arrival = std::variant<EagerArrival, RtsArrival>;
+
+/// A large message to pull from the peer's memory (progress thread, without the lock).
+struct Pull {
+  RecvOp recv;
+  std::uint64_t id = 0;
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+};
+
+/// A record waiting for room in the ring; `stream` ones send `payload` in data records.
+struct OutRecord {
+  Record h;
+  ConstBytes payload;
+  ReqPtr req;  ///< completed once the whole payload is in the ring (eager, stream)
+  bool stream = false;
+  std::size_t offset = 0;
+};
+
+inline std::string size_mismatch(std::uint64_t sent, std::size_t posted) {
+  return "message of " + std::to_string(sent) + " bytes does not fit the posted receive of " +
+         std::to_string(posted) + " bytes (sizes must match)";
+}
+
+inline Record make_record(RecordType t, Tag tag, std::uint64_t size, std::uint64_t id = 0) {
+  Record h;
+  h.type = static_cast<std::uint32_t>(t);
+  h.tag = tag;
+  h.size = size;
+  h.id = id;
+  return h;
+}
+
+}  // namespace detail
+
+class Link {
+ public:
+  using TimeoutHook = std::function<void(const Error&)>;
+
+  Link(int rank, int peer, detail::Hub& hub, std::chrono::milliseconds timeout, TimeoutHook on_timeout)
+      : rank_(rank), peer_(peer), hub_(hub), timeout_(timeout), on_timeout_(std::move(on_timeout)) {}
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  int peer() const { return peer_; }
+
+  Request isend(ConstBytes data, Tag tag) {
+    auto req = make_request("send", tag, data.size);
+    detail::Completions done;
+    bool kick = false;
+    {
+      std::lock_guard lk(hub_.mu);
+      if (failed_) {
+        done.fail(req, fail_code_, fail_why_);
+      } else if (data.size <= Policy::kEagerBytes) {
+        detail::Record h = detail::make_record(detail::RecordType::eager, tag, data.size);
+        h.payload = data.size;
+        queue_.push_back({h, data, req});
+        kick = !pump(done);
+      } else if (data.size > Policy::kMaxMessageBytes) {
+        done.fail(req, ErrorCode::invalid_argument, "message of " + std::to_string(data.size) + " bytes is too large");
+      } else {
+        const std::uint64_t id = next_send_id_++;
+        pending_sends_.emplace(id, PendingSend{data, req});
+        detail::Record h = detail::make_record(detail::RecordType::rts, tag, data.size, id);
+        h.addr = reinterpret_cast<std::uintptr_t>(data.data);
+        queue_.push_back({h, {}, nullptr});
+        kick = !pump(done);
+      }
+    }
+    if (kick) hub_.kick();
+    return Request(req);
+  }
+
+  Request irecv(MutableBytes data, Tag tag) {
+    auto req = make_request("recv", tag, data.size);
+    detail::Completions done;
+    bool kick = false;
+    {
+      std::lock_guard lk(hub_.mu);
+      detail::RecvOp r{data, req, tag};
+      if (matcher_.take_unexpected(tag, [&](detail::Arrival& a) { kick = match(std::move(r), std::move(a), done); })) {
+      } else if (failed_) {
+        done.fail(req, fail_code_, fail_why_);
+      } else {
+        matcher_.add_posted(tag, std::move(r));
+      }
+      if (!queue_.empty()) kick = !pump(done) || kick;
+    }
+    if (kick) hub_.kick();
+    return Request(req);
+  }
+
+  // ---- set-up (before the progress thread starts) ----
+
+  /// Takes the connected socket and the mapped segment; `dir` is the ring this side writes.
+  void attach(detail::Fd sock, detail::Mapping map, int dir, std::uint64_t peer_pid, bool cma) {
+    detail::set_nonblocking(sock.get());
+    sock_ = std::move(sock);
+    map_ = std::move(map);
+    out_ = detail::RingWriter(map_.control(dir), map_.data(dir));
+    in_ = detail::RingReader(map_.control(1 - dir), map_.data(1 - dir));
+    peer_pid_ = static_cast<pid_t>(peer_pid);
+    cma_ = cma;
+  }
+  bool cma() const { return cma_; }
+
+  // ---- progress thread, Hub::mu held ----
+
+  /// Drains the incoming ring and writes what waits for room. True when anything moved.
+  bool progress(detail::Completions& done) {
+    if (failed_ || !map_.valid()) return false;
+    bool moved = drain(done);
+    if (!queue_.empty()) {
+      const std::size_t before = queue_.size();
+      const auto off = queue_.front().offset;
+      pump(done);
+      moved = moved || queue_.size() != before || (!queue_.empty() && queue_.front().offset != off);
+    }
+    return moved;
+  }
+  /// Something to read (lock-free: the progress thread's spin).
+  bool has_input() const { return map_.valid() && !failed_ && !paused_ && !in_.empty(); }
+  bool has_pull() const { return !pulls_.empty() && !pulling_; }
+  bool waiting_for_room() const { return !failed_ && !queue_.empty(); }
+  bool paused() const { return paused_; }
+
+  /// Before blocking: ask the peer to ring the doorbell for input (and for room when needed).
+  void set_sleeping(bool on) {
+    if (failed_ || !map_.valid()) return;
+    in_.set_sleeping(on);
+    out_.set_sleeping(on && !queue_.empty());
+  }
+  /// The fd to poll while sleeping, or -1.
+  int poll_fd() const { return failed_ ? -1 : sock_.get(); }
+
+  /// The socket is readable: doorbell bytes, or EOF when the peer is gone.
+  void on_readable(detail::Completions& done) {
+    if (failed_) return;
+    char buf[256];
+    for (;;) {
+      const ssize_t k = ::recv(sock_.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (k > 0) continue;
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      // EOF or a reset: the peer closed (exited, aborted, was killed). What it wrote is still in
+      // the ring: keep it receivable, then break the link.
+      drain(done);
+      return fail(ErrorCode::peer_failure, "connection closed by the peer (it exited, aborted or was killed)", true, done);
+    }
+  }
+
+  /// The next pull to run, if any (the progress thread runs it without the lock, then calls
+  /// finish_pull).
+  std::optional<detail::Pull> take_pull() {
+    if (pulls_.empty() || pulling_ || failed_) return std::nullopt;
+    detail::Pull p = std::move(pulls_.front());
+    pulls_.pop_front();
+    pulling_ = true;
+    pull_cancel_.store(false);
+    return p;
+  }
+  /// Copies a pull from the peer's memory (no lock held). Returns 0 or the errno that stopped it.
+  int run_pull(const detail::Pull& p) const {
+    std::size_t off = 0;
+    while (off < p.size) {
+      if (pull_cancel_.load(std::memory_order_relaxed)) return ECANCELED;
+      const std::size_t len = std::min<std::size_t>(Policy::kPullChunkBytes, p.size - off);
+      iovec local{p.recv.dst.data + off, len};
+      iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(p.addr + off)), len};
+      const ssize_t k = ::process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) return errno;
+      if (k == 0) return EFAULT;
+      off += static_cast<std::size_t>(k);
+    }
+    return 0;
+  }
+  void finish_pull(detail::Pull p, int err, detail::Completions& done) {
+    pulling_ = false;
+    if (failed_) return done.fail(p.recv.req, fail_code_, fail_why_);
+    if (err != 0) {
+      const std::string why = std::string("cannot read the peer's buffer (process_vm_readv: ") + std::strerror(err) +
+                              "): the peer is gone";
+      done.fail(p.recv.req, ErrorCode::peer_failure, why);
+      return fail(ErrorCode::peer_failure, why, true, done);
+    }
+    if (in_.writer_aborted())  // the sender gave up on it: its buffer may have been reused meanwhile
+      return done.fail(p.recv.req, ErrorCode::peer_failure, "the peer aborted while its message was being read");
+    done.complete(p.recv.req, p.size);
+    enqueue(detail::make_record(detail::RecordType::fin, 0, p.size, p.id), done);
+  }
+
+  /// Breaks the link: fails everything pending with `code`; with `close`, shuts the socket down so
+  /// the peer sees EOF at once (else its operations are only cancelled here: a collective
+  /// mismatch reaches the peers as a message). Messages already received stay receivable.
+  /// Idempotent.
+  void fail(ErrorCode code, const std::string& why, bool close, detail::Completions& done) {
+    if (failed_) return;
+    failed_ = true;
+    fail_code_ = code;
+    fail_why_ = why;
+    if (map_.valid()) out_.mark_aborted();
+    if (close && sock_) ::shutdown(sock_.get(), SHUT_RDWR);
+    chorus::detail::log(chorus::detail::LogLevel::info, rank_, "shm link to peer ", peer_, " broken: ", why);
+    matcher_.drain_posted([&](detail::RecvOp& r) { done.fail(r.req, code, why); });
+    matcher_.remove_unexpected_if([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
+    for (auto& [id, a] : active_recv_) done.fail(a.recv.req, code, why);
+    active_recv_.clear();
+    for (auto& p : pulls_) done.fail(p.recv.req, code, why);
+    pulls_.clear();
+    if (pulling_) pull_cancel_.store(true);  // finish_pull fails it once the copy stopped
+    for (auto& [id, s] : pending_sends_) done.fail(s.req, code, why);
+    pending_sends_.clear();
+    for (auto& o : queue_)
+      if (o.req) done.fail(o.req, code, why);
+    queue_.clear();
+  }
+  bool failed() const { return failed_; }
+
+ private:
+  struct PendingSend {
+    ConstBytes data;
+    detail::ReqPtr req;
+  };
+  struct ActiveRecv {
+    detail::RecvOp recv;
+    std::size_t received = 0;
+  };
+
+  detail::ReqPtr make_request(const char* verb, Tag tag, std::size_t bytes) {
+    auto req = std::make_shared<detail::RequestState>(
+        ErrorContext{rank_, peer_, chorus::detail::describe_op(verb, tag, bytes)}, timeout_);
+    req->set_on_timeout(on_timeout_);
+    return req;
+  }
+
+  void ring_doorbell() {
+    const char b = 1;
+    // EAGAIN: the socket is full of doorbells the peer has not read yet, so it wakes anyway.
+    [[maybe_unused]] auto k = ::send(sock_.get(), &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+
+  void enqueue(detail::Record h, detail::Completions& done) {
+    queue_.push_back({h, {}, nullptr});
+    pump(done);
+  }
+
+  /// Writes queued records while there is room; true when the queue is empty.
+  bool pump(detail::Completions& done) {
+    if (failed_ || !map_.valid()) return queue_.empty();
+    bool wrote = false;
+    while (!queue_.empty()) {
+      auto& o = queue_.front();
+      if (o.stream) {
+        const std::size_t len = std::min(Policy::kStreamChunkBytes, o.payload.size - o.offset);
+        detail::Record h = detail::make_record(detail::RecordType::data, 0, o.payload.size, o.h.id);
+        h.offset = o.offset;
+        h.payload = len;
+        if (!out_.try_write(h, o.payload.data + o.offset)) break;
+        wrote = true;
+        o.offset += len;
+        if (o.offset < o.payload.size) continue;
+      } else {
+        if (!out_.try_write(o.h, o.payload.data)) break;
+        wrote = true;
+      }
+      if (o.req) done.complete(std::move(o.req), o.payload.size);
+      queue_.pop_front();
+    }
+    if (wrote && out_.take_reader_sleeping()) ring_doorbell();
+    return queue_.empty();
+  }
+
+  /// Reads every complete record of the incoming ring. True when any was read.
+  bool drain(detail::Completions& done) {
+    bool any = false;
+    std::string bad;
+    while (!paused_) {
+      const detail::Record* r = in_.peek(bad);
+      if (!r) break;
+      if (!on_record(*r, done)) break;  // paused, or the link broke
+      in_.pop(r);
+      any = true;
+    }
+    if (!bad.empty()) protocol_error(bad, done);
+    if (any && in_.take_writer_sleeping()) ring_doorbell();
+    return any;
+  }
+
+  /// Handles one record; false when it must stay in the ring (paused) or the link broke.
+  bool on_record(const detail::Record& h, detail::Completions& done) {
+    using detail::RecordType;
+    switch (static_cast<RecordType>(h.type)) {
+      case RecordType::eager: {
+        if (h.payload != h.size || h.size > Policy::kEagerBytes) {
+          protocol_error("eager record of " + std::to_string(h.size) + " bytes", done);
+          return false;
+        }
+        const std::byte* src = detail::RingReader::payload(&h);
+        if (auto r = matcher_.take_posted(h.tag)) {
+          if (r->dst.size != h.size) {
+            done.fail(r->req, ErrorCode::mismatch, detail::size_mismatch(h.size, r->dst.size));
+          } else {
+            if (h.size) std::memcpy(r->dst.data, src, h.size);
+            done.complete(r->req, h.size);
+          }
+          return true;
+        }
+        if (unexpected_bytes_ > 0 && unexpected_bytes_ + h.size > Policy::kMaxUnexpectedBytes) {
+          paused_ = true;
+          return false;
+        }
+        unexpected_bytes_ += h.size;
+        matcher_.add_unexpected(h.tag, detail::EagerArrival{std::vector<std::byte>(src, src + h.size)});
+        return true;
+      }
+      case RecordType::rts: {
+        if (h.size > Policy::kMaxMessageBytes || h.payload != 0) {
+          protocol_error("announcement of a message of " + std::to_string(h.size) + " bytes", done);
+          return false;
+        }
+        if (auto r = matcher_.take_posted(h.tag))
+          accept_rts(std::move(*r), h.size, h.id, h.addr, done);
+        else
+          matcher_.add_unexpected(h.tag, detail::RtsArrival{h.size, h.id, h.addr});
+        return true;
+      }
+      case RecordType::fin: {
+        auto it = pending_sends_.find(h.id);
+        if (it == pending_sends_.end()) {
+          protocol_error("completion of unknown message " + std::to_string(h.id), done);
+          return false;
+        }
+        PendingSend s = std::move(it->second);
+        pending_sends_.erase(it);
+        if (h.flags & detail::kFinReject)
+          done.fail(s.req, ErrorCode::mismatch, detail::size_mismatch(s.data.size, h.size));
+        else
+          done.complete(s.req, s.data.size);
+        return true;
+      }
+      case RecordType::cts: {
+        auto it = pending_sends_.find(h.id);
+        if (it == pending_sends_.end()) {
+          protocol_error("clear-to-send for unknown message " + std::to_string(h.id), done);
+          return false;
+        }
+        PendingSend s = std::move(it->second);
+        pending_sends_.erase(it);
+        detail::OutRecord o{detail::make_record(detail::RecordType::data, 0, s.data.size, h.id), s.data, s.req};
+        o.stream = true;
+        queue_.push_back(std::move(o));
+        pump(done);
+        return true;
+      }
+      case RecordType::data: {
+        auto it = active_recv_.find(h.id);
+        if (it == active_recv_.end() || h.offset != it->second.received ||
+            h.offset + h.payload > it->second.recv.dst.size || h.size != it->second.recv.dst.size) {
+          protocol_error("data record out of place for message " + std::to_string(h.id), done);
+          return false;
+        }
+        auto& a = it->second;
+        if (h.payload) std::memcpy(a.recv.dst.data + h.offset, detail::RingReader::payload(&h), h.payload);
+        a.received += h.payload;
+        if (a.received == a.recv.dst.size) {
+          done.complete(a.recv.req, a.received);
+          active_recv_.erase(it);
+        }
+        return true;
+      }
+      case RecordType::pad:
+        break;
+    }
+    protocol_error("unknown record type " + std::to_string(h.type), done);
+    return false;
+  }
+
+  /// A receive met its message (caller's thread or progress thread); true when the progress
+  /// thread has work for it (a pull).
+  bool match(detail::RecvOp r, detail::Arrival a, detail::Completions& done) {
+    if (auto* e = std::get_if<detail::EagerArrival>(&a)) {
+      unexpected_bytes_ -= e->data.size();
+      if (e->data.size() != r.dst.size) {
+        done.fail(r.req, ErrorCode::mismatch, detail::size_mismatch(e->data.size(), r.dst.size));
+      } else {
+        if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
+        done.complete(r.req, e->data.size());
+      }
+      if (paused_ && unexpected_bytes_ <= Policy::kMaxUnexpectedBytes / 2) {
+        paused_ = false;
+        return true;
+      }
+      return false;
+    }
+    const auto& rts = std::get<detail::RtsArrival>(a);
+    accept_rts(std::move(r), rts.size, rts.id, rts.addr, done);
+    return !pulls_.empty();
+  }
+
+  /// A large message and its receive have met: pull it (CMA), or clear the sender to stream it,
+  /// or reject a size mismatch on both sides.
+  void accept_rts(detail::RecvOp r, std::uint64_t size, std::uint64_t id, std::uint64_t addr,
+                  detail::Completions& done) {
+    if (size != r.dst.size) {
+      detail::Record h = detail::make_record(detail::RecordType::fin, 0, r.dst.size, id);
+      h.flags = detail::kFinReject;
+      done.fail(r.req, ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
+      return enqueue(h, done);
+    }
+    if (cma_) {
+      pulls_.push_back(detail::Pull{std::move(r), id, addr, size});
+      return;
+    }
+    if (!active_recv_.emplace(id, ActiveRecv{std::move(r), 0}).second)
+      return protocol_error("duplicate message id", done);
+    enqueue(detail::make_record(detail::RecordType::cts, 0, size, id), done);
+  }
+
+  void protocol_error(const std::string& what, detail::Completions& done) {
+    chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "shm peer ", peer_, ": protocol error: ", what);
+    fail(ErrorCode::peer_failure, "protocol error from peer: " + what, true, done);
+  }
+
+  int rank_;
+  int peer_;
+  detail::Hub& hub_;
+  std::chrono::milliseconds timeout_;
+  TimeoutHook on_timeout_;
+
+  detail::Fd sock_;
+  detail::Mapping map_;
+  detail::RingWriter out_;
+  detail::RingReader in_;
+  pid_t peer_pid_ = 0;
+  bool cma_ = false;
+
+  chorus::detail::TagMatcher<detail::RecvOp, detail::Arrival> matcher_;
+  std::unordered_map<std::uint64_t, PendingSend> pending_sends_;
+  std::unordered_map<std::uint64_t, ActiveRecv> active_recv_;
+  std::deque<detail::OutRecord> queue_;
+  std::deque<detail::Pull> pulls_;
+  bool pulling_ = false;
+  std::atomic<bool> pull_cancel_{false};
+  std::uint64_t next_send_id_ = 1;
+  std::size_t unexpected_bytes_ = 0;
+  std::atomic<bool> paused_{false};  ///< atomic: the progress thread's lock-free spin reads these
+  std::atomic<bool> failed_{false};
+  ErrorCode fail_code_ = ErrorCode::peer_failure;
+  std::string fail_why_;
+};
+
+}  // namespace chorus::shm

@@ -1,0 +1,347 @@
+// The shm transport's own promises, and the auto transport's choice per peer:
+// * both large-message paths (cross-memory attach, and streaming through the ring when
+//   CHORUS_SHM_CMA=0) move data intact, with eager messages and mismatched sizes around them;
+// * nothing is left in /dev/shm after a normal exit, an exception, or a SIGKILL of either side
+//   (segments are anonymous memfds, so none should ever appear there);
+// * 8 ranks on this machine's cores: a 64 MiB all_reduce completes, and ranks that wait inside a
+//   collective use (almost) no CPU;
+// * a rank killed mid-collective: the survivors get peer_failure within 5 s;
+// * transport=auto uses shm on one host and tcp across hosts (CHORUS_HOST_ID pretends), and a
+//   communicator mixing both works; transport=shm across hosts is invalid_argument.
+#include "chorus/transport/shm/transport.hpp"
+
+#include <doctest/doctest.h>
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/transport/hybrid/transport.hpp"
+#include "support/communicators.hpp"
+#include "support/spawn.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using chorus::ErrorCode;
+using chorus::Request;
+using chorus::test::expect;
+using chorus::test::expect_eq;
+using chorus::test::expect_error;
+using ShmComm = chorus::Communicator<chorus::shm::Transport>;
+using AutoComm = chorus::Communicator<chorus::hybrid::Transport>;
+
+constexpr auto kTimeout = 60s;  // far above kPrompt: only real failure detection passes
+constexpr auto kPrompt = 5s;
+
+chorus::test::ProcessOptions process_options(std::set<int> killed = {},
+                                             std::vector<std::pair<std::string, std::string>> env = {}) {
+  chorus::test::ProcessOptions p;
+  p.comm_timeout = kTimeout;
+  p.timeout = kTimeout + 30s;
+  p.expect_killed = std::move(killed);
+  p.env = std::move(env);
+  return p;
+}
+
+std::byte byte_at(std::uint64_t seed, std::size_t k) {
+  std::uint64_t x = (k + 1) * 0x9E3779B97F4A7C15ull ^ (seed + 1) * 0xC2B2AE3D27D4EB4Full;
+  x ^= x >> 29;
+  return static_cast<std::byte>(x >> 56);
+}
+std::vector<std::byte> pattern(std::size_t n, std::uint64_t seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t k = 0; k < n; ++k) v[k] = byte_at(seed, k);
+  return v;
+}
+void check(std::span<const std::byte> b, std::uint64_t seed, const std::string& what) {
+  for (std::size_t k = 0; k < b.size(); ++k)
+    if (b[k] != byte_at(seed, k))
+      throw chorus::test::Failure(what + ": wrong byte at index " + std::to_string(k) + " of " +
+                                  std::to_string(b.size()));
+}
+
+/// Entries of /dev/shm that chorus could have made (it never should: its segments have no name).
+std::set<std::string> chorus_shm_entries() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find("chorus") != std::string::npos) out.insert(name);
+  }
+  return out;
+}
+
+void expect_no_shm_left(const std::set<std::string>& before) {
+  for (const auto& name : chorus_shm_entries())
+    CHECK_MESSAGE(before.count(name) == 1, "/dev/shm/" << name << " was left behind");
+}
+
+/// Waits (bounded by kPrompt) for `pending` to fail with peer_failure naming `peer`.
+void expect_prompt_peer_failure(Request& pending, int peer, const std::string& what) {
+  const auto t0 = Clock::now();
+  while (!pending.state()->done()) {
+    if (Clock::now() - t0 > kPrompt)
+      throw chorus::test::Failure(what + ": still pending 5 s after the peer ended (no peer_failure)");
+    std::this_thread::sleep_for(2ms);
+  }
+  auto e = expect_error(ErrorCode::peer_failure, [&] { pending.wait(); }, what);
+  expect(std::string(e.what()).find("peer " + std::to_string(peer)) != std::string::npos,
+         "the error names peer " + std::to_string(peer) + ": " + e.what());
+}
+
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/// Both ways at once: eager sizes, large sizes (pulled or streamed), a size mismatch on a large
+/// message, and many messages on one tag in order.
+void exchange(ShmComm& comm) {
+  const int r = comm.rank(), peer = 1 - r;
+  const std::vector<std::size_t> sizes = {0, 1, 4096, 32768, 32769, 300000, 5u << 20, 17};
+  std::vector<std::vector<std::byte>> out, in;
+  std::vector<Request> reqs;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(pattern(sizes[i], 100 * r + i));
+    in.emplace_back(sizes[i]);
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (r == 0) reqs.push_back(comm.isend(out[i], peer, 3));
+    reqs.push_back(comm.irecv(in[i], peer, 3));
+    if (r == 1) reqs.push_back(comm.isend(out[i], peer, 3));
+  }
+  for (auto& q : reqs) q.wait();
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    check(in[i], 100 * peer + i, "message " + std::to_string(i) + " of " + std::to_string(sizes[i]) + " bytes");
+  // A large message into a receive of another size: both sides fail with mismatch.
+  std::vector<std::byte> big(1 << 20), small(1000);
+  if (r == 0)
+    expect_error(ErrorCode::mismatch, [&] { comm.send(big, 1, 9); }, "large send into a smaller receive");
+  else
+    expect_error(ErrorCode::mismatch, [&] { comm.recv(small, 0, 9); }, "smaller receive of a large send");
+  // The link still works.
+  comm.barrier();
+}
+
+}  // namespace
+
+TEST_CASE("shm: data paths with and without cross-memory attach") {
+  for (const char* cma : {"1", "0"}) {
+    CAPTURE(cma);
+    chorus::test::run_processes(
+        2,
+        [cma](int, chorus::Options o) {
+          auto comm = ShmComm::create(std::move(o));
+          const bool uses = comm.transport().uses_cma(1 - comm.rank());
+          if (std::string(cma) == "0") expect(!uses, "CHORUS_SHM_CMA=0 turns cross-memory attach off");
+          exchange(comm);
+        },
+        process_options({}, {{"CHORUS_SHM_CMA", cma}}));
+  }
+}
+
+TEST_CASE("shm: ranks as threads") {
+  chorus::test::ThreadOptions t;
+  t.timeout = 30s;
+  chorus::test::run_threads(2, [](int, chorus::Options o) {
+    auto comm = ShmComm::create(std::move(o));
+    exchange(comm);
+  }, t);
+}
+
+// Nothing of the job in /dev/shm after: a normal exit, an exception on both ranks, a SIGKILL of
+// the rank that creates the segment (0) and of the one that maps it (1).
+TEST_CASE("shm: nothing is left in /dev/shm") {
+  const auto before = chorus_shm_entries();
+  SUBCASE("normal exit") {
+    chorus::test::run_processes(2, [](int, chorus::Options o) {
+      auto comm = ShmComm::create(std::move(o));
+      std::vector<float> v(1000, 1.0f);
+      comm.all_reduce(std::span<float>(v), chorus::ReduceOp::sum);
+      expect_eq(v[999], 2.0f, "sum");
+    }, process_options());
+  }
+  SUBCASE("exception") {
+    chorus::test::run_processes(2, [](int, chorus::Options o) {
+      try {
+        auto comm = ShmComm::create(std::move(o));
+        comm.barrier();
+        throw std::runtime_error("the body fails");
+      } catch (const std::runtime_error&) {
+      }
+    }, process_options());
+  }
+  for (int victim : {0, 1}) {
+    SUBCASE(("SIGKILL of rank " + std::to_string(victim)).c_str()) {
+      chorus::test::run_processes(
+          2,
+          [victim](int rank, chorus::Options o) {
+            auto store = o.store;
+            auto comm = ShmComm::create(std::move(o));
+            std::vector<std::byte> big(8 << 20), small(100);
+            comm.barrier();
+            if (rank == victim) {
+              Request s = comm.isend(big, 1 - rank, 1);  // a large send in flight
+              store->set("test/posted", "1");
+              store->get("test/pending", kTimeout);
+              std::raise(SIGKILL);
+            }
+            store->get("test/posted", kTimeout);
+            Request pending = comm.irecv(small, victim, 2);  // never sent
+            store->set("test/pending", "1");
+            expect_prompt_peer_failure(pending, victim, "receive from the killed rank");
+          },
+          process_options({victim}));
+    }
+  }
+  expect_no_shm_left(before);
+}
+
+// 8 ranks (4 per core here): ranks waiting in a collective for a late rank must sleep, not spin:
+// each of 7 spinning ranks would get at least 2/7 of a core while rank 7 is late. Then a 64 MiB
+// all_reduce completes and is exact. (rank 7's pause only makes the idle time; no ordering rests
+// on it.)
+TEST_CASE("shm: 8 ranks, 64 MiB all_reduce, no spinning while waiting") {
+  chorus::test::run_processes(8, [](int rank, chorus::Options o) {
+    auto store = o.store;
+    auto comm = ShmComm::create(std::move(o));
+    comm.barrier();
+    constexpr auto kLate = 1500ms;
+    std::vector<std::int32_t> one(2, rank);
+    if (rank == 7) std::this_thread::sleep_for(kLate);
+    const double c0 = cpu_seconds();
+    const auto t0 = Clock::now();
+    comm.all_reduce(std::span<std::int32_t>(one), chorus::ReduceOp::sum);
+    const double cpu = cpu_seconds() - c0;
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    expect_eq(one[1], 28, "sum of the ranks");
+    if (rank != 7) {
+      MESSAGE("rank " << rank << ": " << cpu << " s CPU while waiting " << wall << " s");
+      expect(wall < 0.5 || cpu < 0.1 * wall,
+             "rank " + std::to_string(rank) + " used " + std::to_string(cpu) + " s of CPU while waiting " +
+                 std::to_string(wall) + " s for a late rank");
+    }
+    constexpr std::size_t kCount = (64u << 20) / sizeof(float);
+    std::vector<float> v(kCount);
+    for (std::size_t i = 0; i < kCount; ++i) v[i] = float((i + 31 * rank) % 1024);
+    const double c1 = cpu_seconds();
+    const auto t1 = Clock::now();
+    comm.all_reduce(std::span<float>(v), chorus::ReduceOp::sum);
+    MESSAGE("rank " << rank << ": 64 MiB all_reduce: " << cpu_seconds() - c1 << " s CPU, "
+                    << std::chrono::duration<double>(Clock::now() - t1).count() << " s wall");
+    for (std::size_t i = 0; i < kCount; i += 4099) {
+      float want = 0;
+      for (int q = 0; q < 8; ++q) want += float((i + 31 * q) % 1024);
+      if (v[i] != want) expect_eq(v[i], want, "element " + std::to_string(i));
+    }
+  }, process_options());
+}
+
+// Three ranks in an all_reduce; rank 2 is killed while 0 and 1 are inside it: they get
+// peer_failure within 5 s, and nothing is left in /dev/shm.
+TEST_CASE("shm: rank killed mid-collective") {
+  const auto before = chorus_shm_entries();
+  chorus::test::run_processes(
+      3,
+      [](int rank, chorus::Options o) {
+        auto store = o.store;
+        auto comm = ShmComm::create(std::move(o));
+        std::vector<float> v(4 << 20, 1.0f);
+        comm.all_reduce(std::span<float>(v), chorus::ReduceOp::sum);  // all three, once
+        if (rank == 2) {
+          store->wait({"test/inside/0", "test/inside/1"}, kTimeout);
+          std::raise(SIGKILL);
+        }
+        Request r = comm.all_reduce_async(std::span<float>(v), chorus::ReduceOp::sum);
+        store->set("test/inside/" + std::to_string(rank), "1");
+        const auto t0 = Clock::now();
+        while (!r.state()->done()) {
+          if (Clock::now() - t0 > kPrompt + 2s) throw chorus::test::Failure("no failure 7 s after the kill");
+          std::this_thread::sleep_for(2ms);
+        }
+        expect_error(ErrorCode::peer_failure, [&] { r.wait(); }, "all_reduce with a killed rank");
+      },
+      process_options({2}));
+  expect_no_shm_left(before);
+}
+
+// A large send to a rank that has not posted its receive; that rank is killed: the send fails.
+TEST_CASE("shm: receiver killed while a large send to it is pending") {
+  chorus::test::run_processes(
+      2,
+      [](int rank, chorus::Options o) {
+        auto store = o.store;
+        auto comm = ShmComm::create(std::move(o));
+        std::vector<std::byte> buf(16 << 20);
+        if (rank == 1) {
+          store->get("test/sent", kTimeout);
+          std::raise(SIGKILL);
+        }
+        Request s = comm.isend(buf, 1, 0);
+        store->set("test/sent", "1");
+        expect_prompt_peer_failure(s, 1, "large send to the killed rank 1");
+      },
+      process_options({1}));
+}
+
+// transport=auto: shm between ranks with the same host id, tcp between the others, in one
+// communicator; collectives and p2p across both. transport=tcp: tcp to all. transport=shm with a
+// rank on "another host": invalid_argument naming it.
+TEST_CASE("auto: shm on one host, tcp across hosts, in one communicator") {
+  chorus::test::run_processes(4, [](int rank, chorus::Options o) {
+    ::setenv("CHORUS_HOST_ID", rank < 2 ? "host-a" : "host-b", 1);
+    o.transport = "auto";
+    auto comm = AutoComm::create(o);
+    auto& t = comm.transport();
+    for (int p = 0; p < 4; ++p) {
+      if (p == rank) continue;
+      expect_eq(std::string(t.link_kind(p)), std::string(p / 2 == rank / 2 ? "shm" : "tcp"),
+                "link kind to " + std::to_string(p));
+    }
+    std::vector<double> v(100003, double(rank + 1));
+    comm.all_reduce(std::span<double>(v), chorus::ReduceOp::sum);
+    expect_eq(v[100002], 10.0, "all_reduce over shm and tcp");
+    std::vector<std::byte> out = pattern(1 << 20, rank), in(1 << 20);
+    const int right = (rank + 1) % 4, left = (rank + 3) % 4;
+    Request s = comm.isend(out, right, 0);
+    comm.recv(in, left, 0);
+    s.wait();
+    check(in, left, "1 MiB around the ring");
+
+    chorus::Options to = o;
+    to.transport = "tcp";
+    auto tcp = AutoComm::create(to);
+    expect_eq(std::string(tcp.transport().link_kind((rank + 1) % 4)), std::string("tcp"), "transport=tcp");
+    tcp.barrier();
+
+    chorus::Options so = o;
+    so.transport = "shm";
+    auto e = expect_error(ErrorCode::invalid_argument, [&] { (void)AutoComm::create(so); }, "transport=shm across hosts");
+    expect(std::string(e.what()).find("on another host") != std::string::npos, e.what());
+  }, process_options());
+}
+
+TEST_CASE("auto: every rank on this host uses shm") {
+  chorus::test::run_processes(3, [](int rank, chorus::Options o) {
+    ::unsetenv("CHORUS_HOST_ID");
+    auto comm = AutoComm::create(std::move(o));
+    for (int p = 0; p < 3; ++p)
+      if (p != rank) expect_eq(std::string(comm.transport().link_kind(p)), std::string("shm"), "link kind");
+    std::vector<float> v(1000, 1.0f);
+    comm.all_reduce(std::span<float>(v), chorus::ReduceOp::sum);
+    expect_eq(v[0], 3.0f, "sum");
+  }, process_options());
+}
