@@ -1,6 +1,7 @@
 // Host reduction throughput: chorus::reduce(op, dtype, out, a, b, count) over three distinct
 // buffers of 4 KiB, 256 KiB, 4 MiB and 64 MiB each (L1, L2, L3, memory on most machines), against
-// a memcpy of the same buffer size as the baseline.
+// a memcpy of the same buffer size as the baseline; every dtype with every op (prod, min and max
+// at 256 KiB and 64 MiB only), and avg's final division.
 //
 // Bytes processed count what the call reads and writes: 3 x buffer bytes for a reduction (a, b
 // read, out written), 2 x for memcpy. So GB/s compares directly with the machine's bandwidth.
@@ -76,22 +77,43 @@ void with_sizes(benchmark::internal::Benchmark* b) {
   for (std::int64_t s : kSizes) b->Arg(s);
 }
 
-/// sum for every dtype; prod, min, max for float32 and int32 (and the other floats for min/max,
-/// whose NaN rule costs the most).
+void bm_finalize_avg(benchmark::State& state, DataType dt) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t count = bytes / chorus::size_of(dt);
+  chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
+    const std::vector<T> init = make_input<T>(count, 1);
+    std::vector<T> data = init;
+    for (auto _ : state) {
+      chorus::finalize_avg(dt, data.data(), count, 1);  // divides by 1: the values stay as they are
+      benchmark::DoNotOptimize(data.data());
+      benchmark::ClobberMemory();
+    }
+  });
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * 2 *
+                          static_cast<std::int64_t>(bytes));
+}
+
+void with_two_sizes(benchmark::internal::Benchmark* b) {
+  b->Arg(256 << 10);  // in cache
+  b->Arg(64 << 20);   // from memory
+}
+
+/// Every dtype with every op: sum at the four sizes, prod, min and max at two (in cache, from
+/// memory). avg reduces as sum (reduce/host.hpp) and then divides once: avg_finalize/<dtype>
+/// times that division (bytes processed: read + write).
 [[maybe_unused]] const bool kRegistered = [] {
   benchmark::RegisterBenchmark("memcpy", bm_memcpy)->Apply(with_sizes);
-  auto add = [](DataType dt, ReduceOp op) {
+  auto add = [](DataType dt, ReduceOp op, void (*sizes)(benchmark::internal::Benchmark*)) {
     const std::string name =
         "reduce/" + std::string(chorus::to_string(dt)) + "/" + std::string(chorus::to_string(op));
-    benchmark::RegisterBenchmark(name.c_str(), bm_reduce, dt, op)->Apply(with_sizes);
+    benchmark::RegisterBenchmark(name.c_str(), bm_reduce, dt, op)->Apply(sizes);
   };
-  for (DataType dt : chorus::kAllDataTypes) add(dt, ReduceOp::sum);
-  for (DataType dt : {DataType::float32, DataType::int32}) {
-    add(dt, ReduceOp::prod);
-    add(dt, ReduceOp::min);
-    add(dt, ReduceOp::max);
+  for (DataType dt : chorus::kAllDataTypes) {
+    add(dt, ReduceOp::sum, with_sizes);
+    for (ReduceOp op : {ReduceOp::prod, ReduceOp::min, ReduceOp::max}) add(dt, op, with_two_sizes);
+    const std::string name = "avg_finalize/" + std::string(chorus::to_string(dt));
+    benchmark::RegisterBenchmark(name.c_str(), bm_finalize_avg, dt)->Apply(with_two_sizes);
   }
-  for (DataType dt : {DataType::float64, DataType::float16, DataType::bfloat16}) add(dt, ReduceOp::max);
   return true;
 }();
 
