@@ -20,11 +20,12 @@ struct RingPolicy {
 
 namespace detail {
 
-/// One ring step: send chunk `send_c` of `buf` to next while receiving chunk `recv_c` from prev;
-/// with `reduce`, the received slices are reduced into buf's chunk, else copied there directly.
+/// One ring step: send chunk `send_c` of `from` to next while receiving chunk `recv_c` from prev;
+/// with `reduce`, buf's chunk becomes own's chunk (this rank's contribution: buf itself, or the
+/// input of an out-of-place call) reduced with the received slices, else the slices land in buf.
 template <Transport T>
-void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count, int send_c, int recv_c,
-               bool reduce, Scratch& scratch) {
+void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, const std::byte* from, const std::byte* own,
+               std::size_t count, int send_c, int recv_c, bool reduce, Scratch& scratch) {
   const int n = ch.size(), r = ch.rank();
   const int next = topology::next(r, n), prev = topology::prev(r, n);
   const std::size_t es = a.elem(), se = slice_elems(a);
@@ -40,7 +41,7 @@ void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count,
   sends.reserve(s_slices);
   for (std::size_t j = 0; j < s_slices; ++j) {
     const std::size_t off = std::min(j * se, s_size), len = std::min(se, s_size - off);
-    sends.push_back(ch.isend(next, cbytes(buf + (s_begin + off) * es, len * es)));
+    sends.push_back(ch.isend(next, cbytes(from + (s_begin + off) * es, len * es)));
   }
   if (!reduce) {
     // Receive straight into place.
@@ -64,7 +65,8 @@ void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count,
     for (std::size_t j = 0; j < r_slices; ++j) {
       ch.wait(inflight[j % kSlots]);
       const std::size_t off = std::min(j * se, r_size), len = std::min(se, r_size - off);
-      chorus::reduce(a.op, a.dtype, buf + (r_begin + off) * es, slots + (j % kSlots) * se * es, len);
+      const std::size_t at = (r_begin + off) * es;
+      chorus::reduce(a.op, a.dtype, buf + at, own + at, slots + (j % kSlots) * se * es, len);
       if (j + kSlots < r_slices) post(j + kSlots);
     }
   }
@@ -73,13 +75,17 @@ void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count,
 
 }  // namespace detail
 
-/// Reduce-scatter over the whole buffer `buf` (count elements, reduced in place): afterwards
-/// rank r's chunk r of buf holds the reduction of every rank's chunk r.
+/// Reduce-scatter over the whole buffer `buf` (count elements): afterwards rank r's chunk r of
+/// buf holds the reduction of every rank's chunk r. This rank's contribution is read from `in`
+/// (buf itself when null): every chunk is received once, and the one never received is the one
+/// sent first, so buf need not hold a copy of in (only the chunks received are written).
 template <Transport T>
-void ring_reduce_scatter_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count, Scratch& s) {
+void ring_reduce_scatter_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count, Scratch& s,
+                                  const std::byte* in = nullptr) {
   const int n = ch.size(), r = ch.rank();
+  const std::byte* own = in ? in : buf;
   for (int k = 0; k < n - 1; ++k)
-    detail::ring_step(ch, a, buf, count, topology::reduce_scatter_send_chunk(r, k, n),
+    detail::ring_step(ch, a, buf, k == 0 ? own : buf, own, count, topology::reduce_scatter_send_chunk(r, k, n),
                       topology::reduce_scatter_recv_chunk(r, k, n), /*reduce=*/true, s);
 }
 
@@ -88,7 +94,7 @@ template <Transport T>
 void ring_all_gather_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count, Scratch& s) {
   const int n = ch.size(), r = ch.rank();
   for (int k = 0; k < n - 1; ++k)
-    detail::ring_step(ch, a, buf, count, topology::all_gather_send_chunk(r, k, n),
+    detail::ring_step(ch, a, buf, buf, buf, count, topology::all_gather_send_chunk(r, k, n),
                       topology::all_gather_recv_chunk(r, k, n), /*reduce=*/false, s);
 }
 
@@ -96,9 +102,9 @@ void ring_all_gather_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std
 template <Transport T>
 void ring_all_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
   const int n = ch.size(), r = ch.rank();
-  copy_if_distinct(a.out, a.in, a.bytes(a.count));
-  // 1. Reduce-scatter: rank r ends with chunk r fully reduced.
-  ring_reduce_scatter_in_place(ch, a, a.out, a.count, s);
+  // 1. Reduce-scatter: rank r ends with chunk r of out fully reduced. Out of place, it reads this
+  //    rank's contribution from in: no copy of in to out first.
+  ring_reduce_scatter_in_place(ch, a, a.out, a.count, s, a.in);
   // 2. avg: divide the owned chunk once, before it is copied everywhere.
   if (a.op == ReduceOp::avg)
     chorus::finalize_avg(a.dtype, a.out + a.bytes(topology::chunk_begin(r, a.count, n)), topology::chunk_size(r, a.count, n), n);
@@ -107,14 +113,13 @@ void ring_all_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
 }
 
 /// Reduce-scatter: in holds P blocks of count elements; out (count) gets block r reduced over
-/// all ranks. Works on a copy of in (the work area), so in is never written.
+/// all ranks. Works in the work area, reading in (never writing it).
 template <Transport T>
 void ring_reduce_scatter(Channel<T>& ch, const Args& a, Scratch& s) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t total = a.count * static_cast<std::size_t>(n);
   std::byte* work = s.work(a.bytes(total));
-  copy_if_distinct(work, a.in, a.bytes(total));
-  ring_reduce_scatter_in_place(ch, a, work, total, s);  // P equal chunks: chunk r is block r
+  ring_reduce_scatter_in_place(ch, a, work, total, s, a.in);  // P equal chunks: chunk r is block r
   if (a.op == ReduceOp::avg) chorus::finalize_avg(a.dtype, work + a.bytes(a.count) * r, a.count, n);
   copy_if_distinct(a.out, work + a.bytes(a.count) * r, a.bytes(a.count));
 }
@@ -165,9 +170,8 @@ template <Transport T>
 void ring_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
   const int n = ch.size(), r = ch.rank();
   std::byte* work = s.work(a.bytes(a.count));
-  copy_if_distinct(work, a.in, a.bytes(a.count));
-  // 1. Reduce-scatter in the work area: chunk r is complete here.
-  ring_reduce_scatter_in_place(ch, a, work, a.count, s);
+  // 1. Reduce-scatter into the work area, reading in: chunk r is complete here.
+  ring_reduce_scatter_in_place(ch, a, work, a.count, s, a.in);
   const std::size_t begin = topology::chunk_begin(r, a.count, n), len = topology::chunk_size(r, a.count, n);
   if (a.op == ReduceOp::avg) chorus::finalize_avg(a.dtype, work + a.bytes(begin), len, n);
   // 2. Gather the chunks at the root (one message per rank, empty chunks included).
