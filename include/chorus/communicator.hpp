@@ -171,6 +171,10 @@ class Communicator {
   /// The transport (links to every peer), for algorithms.
   T& transport();
 
+  /// The latency/bandwidth model the algorithm selector uses for this communicator: its slowest
+  /// link's (tcp when any member is reached over tcp, else shm or inproc).
+  algo::TransportModel cost_model() const;
+
  private:
   struct State;
   explicit Communicator(std::unique_ptr<State> s);

@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,7 +70,7 @@ class Driver {
         recv_(capacity_) {}
 
   int run() {
-    report_.header(gather_ranks(), Comm::transport_type::kName, comm_.options().algorithm, comm_.options().timeout);
+    report_.header(gather_ranks(), transport_name(), comm_.options().algorithm, comm_.options().timeout);
     report_.table_header();
     for (DataType dt : s_.types) {
       for (ReduceOp op : d_.reduces ? s_.ops : std::vector<ReduceOp>{ReduceOp::sum}) {
@@ -84,6 +85,21 @@ class Driver {
   }
 
  private:
+  /// How rank 0 reaches the others: "shm", "tcp" or "shm+tcp" (the hybrid transport picks per
+  /// peer), else the transport's name.
+  std::string transport_name() {
+    auto& t = comm_.transport();
+    if constexpr (requires(int p) { t.link_kind(p); }) {
+      std::set<std::string_view> kinds;
+      for (int p = 0; p < n_; ++p)
+        if (p != rank_) kinds.insert(t.link_kind(p));
+      std::string name;
+      for (auto k : kinds) name += (name.empty() ? "" : "+") + std::string(k);
+      if (!name.empty()) return name;
+    }
+    return std::string(Comm::transport_type::kName);
+  }
+
   /// Every rank's pid and host name, gathered on rank 0 in fixed-size records.
   std::vector<RankInfo> gather_ranks() {
     constexpr std::size_t kRecord = 256;
@@ -109,8 +125,8 @@ class Driver {
   std::string algorithm(const Layout& l, DataType dt) const {
     if (!d_.kind) return "p2p";
     if (n_ == 1) return "local";
-    const auto model = std::string_view(Comm::transport_type::kName) == "inproc" ? algo::kInprocModel : algo::kTcpModel;
-    return std::string(algo::to_string(algo::select(*d_.kind, l.count * size_of(dt), n_, model, overrides_).algorithm));
+    return std::string(
+        algo::to_string(algo::select(*d_.kind, l.count * size_of(dt), n_, comm_.cost_model(), overrides_).algorithm));
   }
 
   /// The call for iteration `iter`: buffers shifted by a multiple of the row's footprint.

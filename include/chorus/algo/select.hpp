@@ -49,6 +49,9 @@ struct TransportModel {
 };
 /// Loopback TCP on a 2-core machine: ~30 us per message, ~3 GB/s (bench/p2p/tcp_pingpong).
 inline constexpr TransportModel kTcpModel{30e-6, 1.0 / 3e9};
+/// Processes of one host over shm: ~10 us per message through the progress threads (a wake-up
+/// each side), ~5 GB/s one copy (bench/p2p/tcp_pingpong --transport shm).
+inline constexpr TransportModel kShmModel{10e-6, 1.0 / 5e9};
 /// Threads of one process: a lock and a memcpy.
 inline constexpr TransportModel kInprocModel{2e-6, 1.0 / 8e9};
 

@@ -44,6 +44,26 @@ inline void check_p2p_args(int rank, int size, int peer, int tag, const char* ve
                 "tags must be non-negative");
 }
 
+/// The model of a group's slowest link: per peer where the transport says how it reaches each
+/// (link_kind), else the transport's own.
+template <Transport T>
+algo::TransportModel group_model(T& t, const algo::Group<T>& g) {
+  auto of = [](std::string_view kind) {
+    return kind == "inproc" ? algo::kInprocModel : kind == "shm" ? algo::kShmModel : algo::kTcpModel;
+  };
+  if constexpr (requires(int p) { t.link_kind(p); }) {
+    algo::TransportModel m = algo::kInprocModel;
+    for (int i = 0; i < g.size(); ++i) {
+      if (i == g.rank) continue;
+      const algo::TransportModel k = of(t.link_kind(g.members[static_cast<std::size_t>(i)]));
+      if (k.alpha > m.alpha) m = k;
+    }
+    return g.size() > 1 ? m : of(T::kName);
+  } else {
+    return of(T::kName);
+  }
+}
+
 }  // namespace detail
 
 template <Transport T>
@@ -51,6 +71,7 @@ struct Communicator<T>::State {
   Bootstrap boot;                   ///< of the job (shared by sub-communicators)
   std::shared_ptr<T> transport;     ///< shared with sub-communicators
   algo::Group<T> group;
+  algo::TransportModel model = algo::kTcpModel;  ///< set once the group is known (cost_model())
   algo::Overrides overrides;
   algo::Scratch scratch;
   std::uint64_t coll_seq = 0;       ///< collectives called so far (identical on every rank)
@@ -152,6 +173,7 @@ Communicator<T> Communicator<T>::create(Options options) {
   s->group.rank = s->boot.rank;
   s->group.members.resize(static_cast<std::size_t>(s->boot.size));
   for (int r = 0; r < s->boot.size; ++r) s->group.members[r] = r;
+  s->model = detail::group_model(*s->transport, s->group);
   s->overrides = algo::Overrides::from(s->boot.options);
   if (auto v = detail::env_string("CHORUS_BENCH_NO_DESCRIPTORS")) {
     if (*v != "0" && *v != "1")
@@ -190,6 +212,11 @@ T& Communicator<T>::transport() {
 }
 
 template <Transport T>
+algo::TransportModel Communicator<T>::cost_model() const {
+  return s_->model;
+}
+
+template <Transport T>
 Request Communicator<T>::isend_bytes(ConstBytes data, int peer, int tag) {
   detail::check_p2p_args(rank(), size(), peer, tag, "send");
   return s_->transport->link(s_->group.members[peer]).isend(data, s_->group.context | static_cast<Tag>(tag));
@@ -225,8 +252,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
                                            desc.kind == algo::CollectiveKind::gather)))
     throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
                 "root " + std::to_string(desc.root) + " is not a rank of this communicator (size " + std::to_string(n) + ")");
-  const auto model = T::kName == std::string_view("inproc") ? algo::kInprocModel : algo::kTcpModel;
-  const auto choice = algo::select(desc.kind, args.bytes(desc.count), n, model, st.overrides);
+  const auto choice = algo::select(desc.kind, args.bytes(desc.count), n, st.model, st.overrides);
   args.slice_bytes = choice.slice_bytes;
   detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
               ", slices of ", choice.slice_bytes, " bytes");
@@ -377,6 +403,7 @@ Communicator<T> Communicator<T>::split(int color, int key) {
     if (r == rank()) sub->group.rank = static_cast<int>(sub->group.members.size());
     sub->group.members.push_back(st.group.members[r]);
   }
+  sub->model = detail::group_model(*sub->transport, sub->group);
   sub->overrides = st.overrides;
   sub->group.descriptors = st.group.descriptors;
   // 3. A context id unique in the job: the group's first member draws it from the store, the
