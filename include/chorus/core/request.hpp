@@ -10,14 +10,25 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "chorus/core/error.hpp"
 
 namespace chorus {
 namespace detail {
+
+/// A link operation as plain data, put into words (ErrorContext::op) only when an error or a
+/// caller needs them: formatting a text for every message would cost more than sending it.
+struct LazyOp {
+  const char* verb = nullptr;  ///< a string literal: "send", "recv"
+  std::uint64_t tag = 0;
+  std::size_t bytes = 0;
+  std::string (*format)(const char* verb, std::uint64_t tag, std::size_t bytes) = nullptr;
+};
 
 /// Shared between the poster (who waits) and the progress engine (who completes).
 /// Lock order: a link's lock may be held while calling complete()/fail(); the reverse never.
@@ -26,6 +37,8 @@ class RequestState {
   using Clock = std::chrono::steady_clock;
 
   RequestState(ErrorContext ctx, std::chrono::milliseconds timeout) : ctx_(std::move(ctx)), timeout_(timeout) {}
+  RequestState(int rank, int peer, LazyOp op, std::chrono::milliseconds timeout)
+      : lazy_(op), ctx_{rank, peer, {}}, timeout_(timeout) {}
 
   /// Marks success with the number of bytes moved. The first of complete()/fail() wins.
   void complete(std::size_t bytes = 0) {
@@ -42,7 +55,7 @@ class RequestState {
   }
   /// Marks failure. The error travels as plain data (code and text) and is thrown anew by the
   /// thread that waits, so no exception object is shared between threads.
-  void fail(ErrorCode code, const std::string& msg) { fail_text(code, Error(code, ctx_, msg).what()); }
+  void fail(ErrorCode code, const std::string& msg) { fail_text(code, Error(code, context(), msg).what()); }
   /// Marks failure with an error raised elsewhere (its text and code are kept as they are).
   void fail(const Error& e) { fail_text(e.code(), e.what()); }
 
@@ -63,7 +76,7 @@ class RequestState {
       if (!cv_.wait_for(lk, timeout_, [&] { return done_; })) {
         lk.unlock();
         auto hook = on_timeout_;
-        Error e(ErrorCode::timeout, ctx_,
+        Error e(ErrorCode::timeout, context(),
                 "did not complete within " + std::to_string(timeout_.count()) + " ms (CHORUS_TIMEOUT)");
         if (hook) hook(e);
         throw e;
@@ -84,7 +97,12 @@ class RequestState {
     std::lock_guard lk(mu_);
     return bytes_;
   }
-  const ErrorContext& context() const { return ctx_; }
+  /// Rank, peer and the operation in words (formatted on first use for a LazyOp).
+  ErrorContext context() const {
+    std::lock_guard lk(mu_);
+    if (ctx_.op.empty() && lazy_.format) ctx_.op = lazy_.format(lazy_.verb, lazy_.tag, lazy_.bytes);
+    return ctx_;
+  }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   /// Called (without locks) once the request is done; runs at once when it already is.
@@ -137,7 +155,8 @@ class RequestState {
   std::string what_;
   std::function<void()> then_;
   std::function<void(const Error&)> on_timeout_;
-  ErrorContext ctx_;
+  LazyOp lazy_;
+  mutable ErrorContext ctx_;  ///< op filled from lazy_ on first use, under mu_
   std::chrono::milliseconds timeout_;
 };
 

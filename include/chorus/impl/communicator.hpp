@@ -254,8 +254,9 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
                 "root " + std::to_string(desc.root) + " is not a rank of this communicator (size " + std::to_string(n) + ")");
   const auto choice = algo::select(desc.kind, args.bytes(desc.count), n, st.model, st.overrides);
   args.slice_bytes = choice.slice_bytes;
-  detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
-              ", slices of ", choice.slice_bytes, " bytes");
+  if (detail::log_enabled(detail::LogLevel::info))
+    detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
+                ", slices of ", choice.slice_bytes, " bytes");
 
   auto req = std::make_shared<detail::RequestState>(st.ctx(-1, algo::describe(desc)), st.boot.options.timeout);
   std::weak_ptr<T> weak = st.transport;

@@ -146,7 +146,7 @@ class Link {
  private:
   detail::ReqPtr make_request(const char* verb, Tag tag, std::size_t bytes) {
     auto req = std::make_shared<detail::RequestState>(
-        ErrorContext{rank_, peer_, chorus::detail::describe_op(verb, tag, bytes)}, timeout_);
+        rank_, peer_, chorus::detail::LazyOp{verb, tag, bytes, &chorus::detail::describe_op}, timeout_);
     req->set_on_timeout(on_timeout_);
     return req;
   }
