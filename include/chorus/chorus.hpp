@@ -35,6 +35,13 @@ namespace chorus {
 /// and cuda_ipc will join it.
 using DefaultTransport = hybrid::Transport;
 
+#ifdef CHORUS_EXTERN_TEMPLATES
+/// A build that compiles the default communicator once, in one file holding
+/// `template class chorus::Communicator<chorus::DefaultTransport>;`, defines CHORUS_EXTERN_TEMPLATES
+/// for its other files, which then only declare it (chorus's own programs do: CMakeLists.txt).
+extern template class Communicator<DefaultTransport>;
+#endif
+
 /// Creates the communicator the environment describes (see docs/environment.md).
 inline Communicator<DefaultTransport> init(Options options = Options::from_env()) {
   return Communicator<DefaultTransport>::create(std::move(options));

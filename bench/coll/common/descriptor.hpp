@@ -32,13 +32,6 @@ namespace chorus::bench {
 
 using Comm = Communicator<DefaultTransport>;
 
-}  // namespace chorus::bench
-
-// The driver library (driver.cpp) instantiates the communicator once for every *_perf program,
-// so that each program compiles only its descriptor.
-extern template class chorus::Communicator<chorus::DefaultTransport>;
-
-namespace chorus::bench {
 
 /// The buffers of one call, in elements, for a row of `size` bytes (nccl-tests getCollByteCount).
 struct Layout {

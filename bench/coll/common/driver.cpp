@@ -1,5 +1,5 @@
 /// The driver every *_perf program shares (nccl-tests' src/common.cu), compiled once into the
-/// chorus_perf_driver library with the one instantiation of the communicator they all use.
+/// chorus_perf_driver library.
 ///
 /// For each data type, op (reducing collectives) and root (rooted ones), in nccl-tests' order:
 ///   warm-up   -w calls of every size from -b to -e, doubling;
@@ -44,8 +44,6 @@
 #include "coll/common/launch.hpp"
 #include "coll/common/report.hpp"
 #include "coll/common/settings.hpp"
-
-template class chorus::Communicator<chorus::DefaultTransport>;
 
 namespace chorus::bench {
 namespace {
