@@ -1,5 +1,5 @@
 #pragma once
-/// The output of a *_perf program, in nccl-tests' layout (2.18: src/util.cu), so that scripts
+/// The output of a *_perf program, in nccl-tests' layout (2.19, the same as 2.18's: src/util.cu), so that scripts
 /// written for nccl-tests read it: the "#" header, one "#  Rank" line per rank, the two-level
 /// column header, one row per size (out-of-place, then in-place), and the footer with
 /// "# Out of bounds values" and "# Avg bus bandwidth". Where nccl-tests names a GPU, the rank
@@ -37,7 +37,7 @@ extern char** environ;
 namespace chorus::bench {
 
 /// The nccl-tests release whose output layout this follows (printed as nccl-tests' version).
-inline constexpr std::string_view kNcclTestsFormat = "2.18.3";
+inline constexpr std::string_view kNcclTestsFormat = "2.19.7";
 
 struct RankInfo {
   int rank = 0;

@@ -47,7 +47,7 @@
 namespace compare {
 
 /// The nccl-tests release whose layout the table follows (as report.hpp's kNcclTestsFormat).
-inline constexpr const char* kNcclTestsFormat = "2.18.3";
+inline constexpr const char* kNcclTestsFormat = "2.19.7";
 
 enum class Type { int8, uint8, int32, uint32, int64, uint64, float32, float64 };
 enum class Op { sum, prod, max, min };
