@@ -211,24 +211,45 @@ class Link {
   }
 
   // ---- writing: one async_write at a time, frames in queue order ----
+  // The first frame queued on an idle link does not start a write at once: the write runs from a
+  // handler posted after it, so the frames queued meanwhile (a call's descriptor and its first
+  // data message, a CTS and the next eager send) leave in one write and one segment, and the
+  // peer handles them in one wake-up.
+
+  static constexpr std::size_t kMaxBatch = 32;  ///< frames per write
 
   void enqueue(detail::OutFrame f) {
     write_queue_.push_back(std::move(f));
-    write_next();
+    if (writing_ || write_posted_) return;
+    write_posted_ = true;
+    asio::post(io_, [this] {
+      write_posted_ = false;
+      write_next();
+    });
   }
 
   void write_next() {
     if (writing_ || failed_ || write_queue_.empty()) return;
     writing_ = true;
-    auto& f = write_queue_.front();
-    std::array<asio::const_buffer, 2> bufs{asio::buffer(&f.h, sizeof f.h), asio::buffer(f.payload.data, f.payload.size)};
-    asio::async_write(socket_, bufs, [this](const boost::system::error_code& ec, std::size_t) {
+    // The frames stay in the queue (a deque: their addresses hold while more are appended) until
+    // the write completes.
+    batch_.clear();
+    batch_frames_ = 0;
+    for (auto& f : write_queue_) {
+      if (batch_frames_ == kMaxBatch) break;
+      batch_.push_back(asio::buffer(&f.h, sizeof f.h));
+      if (f.payload.size != 0) batch_.push_back(asio::buffer(f.payload.data, f.payload.size));
+      ++batch_frames_;
+    }
+    asio::async_write(socket_, batch_, [this](const boost::system::error_code& ec, std::size_t) {
       writing_ = false;
       if (failed_) return write_queue_.clear();
       if (ec) return fail(ErrorCode::peer_failure, "write to peer failed: " + ec.message());
-      auto f = std::move(write_queue_.front());
-      write_queue_.pop_front();
-      if (f.req) f.req->complete(f.payload.size);
+      for (std::size_t i = 0; i < batch_frames_; ++i) {
+        auto f = std::move(write_queue_.front());
+        write_queue_.pop_front();
+        if (f.req) f.req->complete(f.payload.size);
+      }
       write_next();
     });
   }
@@ -355,6 +376,9 @@ class Link {
   std::uint64_t next_send_id_ = 1;
   std::size_t unexpected_bytes_ = 0;
   bool writing_ = false;
+  bool write_posted_ = false;                  ///< a write_next is posted
+  std::vector<asio::const_buffer> batch_;      ///< the frames of the write in flight
+  std::size_t batch_frames_ = 0;
   bool paused_ = false;
   bool failed_ = false;
   ErrorCode fail_code_ = ErrorCode::peer_failure;
