@@ -18,7 +18,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <span>

@@ -5,15 +5,35 @@
 /// independent. Not thread-safe: each transport guards it (a mutex, or its one progress thread).
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <deque>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "chorus/core/concepts.hpp"
 
 namespace chorus::detail {
+
+/// A posted receive of the tcp and shm links: where the bytes go, the request it completes, its tag.
+struct RecvOp {
+  MutableBytes dst;
+  std::shared_ptr<RequestState> req;
+  Tag tag;
+};
+/// A small message that arrived before its receive: a copy of its bytes.
+struct EagerArrival {
+  std::vector<std::byte> data;
+};
+
+/// The text of a failed receive whose message has another size (every transport says it alike).
+inline std::string size_mismatch(std::uint64_t sent, std::size_t posted) {
+  return "message of " + std::to_string(sent) + " bytes does not fit the posted receive of " +
+         std::to_string(posted) + " bytes (sizes must match)";
+}
 
 template <class Recv, class Arrival>
 class TagMatcher {

@@ -72,10 +72,7 @@ class Completions {
   std::vector<Done> done_;
 };
 
-inline std::string size_mismatch(std::size_t sent, std::size_t posted) {
-  return "message of " + std::to_string(sent) + " bytes does not fit the posted receive of " +
-         std::to_string(posted) + " bytes (sizes must match)";
-}
+using chorus::detail::size_mismatch;
 
 /// Delivers an arrival into a receive; both sizes must match.
 inline void deliver(Arrival& a, RecvOp& r, Completions& done) {

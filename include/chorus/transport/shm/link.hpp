@@ -96,14 +96,8 @@ class Completions {
   std::vector<Item> items_;
 };
 
-struct RecvOp {
-  MutableBytes dst;
-  ReqPtr req;
-  Tag tag;
-};
-struct EagerArrival {
-  std::vector<std::byte> data;
-};
+using chorus::detail::EagerArrival;
+using chorus::detail::RecvOp;
 struct RtsArrival {
   std::uint64_t size;
   std::uint64_t id;
@@ -128,10 +122,7 @@ struct OutRecord {
   std::size_t offset = 0;
 };
 
-inline std::string size_mismatch(std::uint64_t sent, std::size_t posted) {
-  return "message of " + std::to_string(sent) + " bytes does not fit the posted receive of " +
-         std::to_string(posted) + " bytes (sizes must match)";
-}
+using chorus::detail::size_mismatch;
 
 inline Record make_record(RecordType t, Tag tag, std::uint64_t size, std::uint64_t id = 0) {
   Record h;

@@ -63,14 +63,8 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 32);
 
-struct RecvOp {
-  MutableBytes dst;
-  ReqPtr req;
-  Tag tag;
-};
-struct EagerArrival {
-  std::vector<std::byte> data;
-};
+using chorus::detail::EagerArrival;
+using chorus::detail::RecvOp;
 struct RtsArrival {
   std::uint64_t size;
   std::uint64_t id;
@@ -83,10 +77,7 @@ struct OutFrame {
   ReqPtr req;  ///< completed when the frame is written (eager, data); null for control frames
 };
 
-inline std::string size_mismatch(std::uint64_t sent, std::size_t posted) {
-  return "message of " + std::to_string(sent) + " bytes does not fit the posted receive of " +
-         std::to_string(posted) + " bytes (sizes must match)";
-}
+using chorus::detail::size_mismatch;
 
 }  // namespace detail
 
