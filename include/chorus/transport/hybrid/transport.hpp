@@ -20,6 +20,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -51,9 +53,9 @@ inline std::string read_link(const char* path) {
 }
 
 /// This process's host identity: ranks with equal ids can use shm between them.
-inline std::string host_id() {
+inline std::string host_id(const ErrorContext& ctx) {
   if (auto v = chorus::detail::env_string("CHORUS_HOST_ID")) {
-    if (v->empty()) throw Error(ErrorCode::invalid_argument, "CHORUS_HOST_ID is set but empty");
+    if (v->empty()) throw Error(ErrorCode::invalid_argument, ctx, "CHORUS_HOST_ID is set but empty");
     return "id:" + *v;
   }
   char name[256] = {};
@@ -126,11 +128,15 @@ inline Transport::Transport(const Bootstrap& b) : rank_(b.rank), size_(b.size) {
     on_tcp.assign(n, true);
   } else {
     // Exchange host ids (every rank, so the decision is the same at both ends of each pair).
-    const std::string mine = detail::host_id();
+    // One deadline for all peers: the whole exchange is bounded by the timeout, not each get.
+    const auto deadline = std::chrono::steady_clock::now() + b.options.timeout;
+    const std::string mine = detail::host_id(ctx);
     b.store->set("hybrid/host/" + std::to_string(rank_), mine);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      const std::string theirs = b.store->get("hybrid/host/" + std::to_string(p), b.options.timeout);
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const std::string theirs =
+          b.store->get("hybrid/host/" + std::to_string(p), std::max(left, std::chrono::milliseconds(1)));
       const bool same = theirs == mine;
       if (!same && mode == "shm")
         throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"},

@@ -224,8 +224,6 @@ class Link {
   /// Something to read (lock-free: the progress thread's spin).
   bool has_input() const { return map_.valid() && !failed_ && !paused_ && !in_.empty(); }
   bool has_pull() const { return !pulls_.empty() && !pulling_; }
-  bool waiting_for_room() const { return !failed_ && !queue_.empty(); }
-  bool paused() const { return paused_; }
 
   /// Before blocking: ask the peer to ring the doorbell for input (and for room when needed).
   void set_sleeping(bool on) {

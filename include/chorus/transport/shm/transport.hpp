@@ -69,10 +69,10 @@ inline bool cma_works(std::uint64_t pid, std::uint64_t addr) {
 }
 
 /// CHORUS_SHM_CMA: 1 (default) uses cross-memory attach where the probe allows it, 0 never.
-inline bool cma_wanted() {
+inline bool cma_wanted(const ErrorContext& ctx) {
   auto v = chorus::detail::env_string("CHORUS_SHM_CMA");
   if (!v) return true;
-  if (*v != "0" && *v != "1") throw Error(ErrorCode::invalid_argument, "CHORUS_SHM_CMA='" + *v + "' is not 0 or 1");
+  if (*v != "0" && *v != "1") throw Error(ErrorCode::invalid_argument, ctx, "CHORUS_SHM_CMA='" + *v + "' is not 0 or 1");
   return *v == "1";
 }
 
@@ -303,8 +303,8 @@ inline Transport::~Transport() {
 inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peers) {
   using detail::Clock;
   const auto deadline = Clock::now() + b.options.timeout;
-  const bool cma_on = detail::cma_wanted();
   const ErrorContext ctx{rank_, -1, "shm connect"};
+  const bool cma_on = detail::cma_wanted(ctx);
   auto remaining = [&] {
     return std::max(std::chrono::milliseconds(1),
                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
@@ -371,7 +371,7 @@ inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peer
     if (theirs.magic != detail::kShmMagic || theirs.version != detail::kShmVersion || theirs.nonce != b.nonce ||
         theirs.rank != p || theirs.peer != rank_ || theirs.world != size_ || theirs.status != 0 || !segfd)
       throw Error(ErrorCode::peer_failure, pctx, "bad shm hello reply");
-    detail::Mapping map(segfd.get());
+    detail::Mapping map(segfd.get(), pctx);
     segfd.reset();
     auto& link = *engine_->links[static_cast<std::size_t>(p)];
     link.attach(std::move(s), std::move(map), /*dir=*/1, pid, probe(p, pid, theirs.probe_addr));
@@ -416,7 +416,7 @@ inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peer
     if (!segfd) detail::throw_errno(pctx, "memfd_create");
     if (::ftruncate(segfd.get(), static_cast<off_t>(detail::kSegmentBytes)) != 0)
       detail::throw_errno(pctx, "ftruncate of the link segment");
-    detail::Mapping map(segfd.get());
+    detail::Mapping map(segfd.get(), pctx);
     new (map.control(0)) detail::RingControl;
     new (map.control(1)) detail::RingControl;
     const detail::ShmHello reply = hello(p);

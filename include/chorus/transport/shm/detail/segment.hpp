@@ -135,8 +135,6 @@ class RingWriter {
     return c_->reader_sleeping.load(std::memory_order_seq_cst) != 0 && c_->reader_sleeping.exchange(0) != 0;
   }
   void set_sleeping(bool on) { c_->writer_sleeping.store(on ? 1 : 0, std::memory_order_seq_cst); }
-  /// True when the reader consumed something since `head`.
-  std::uint64_t head() const { return c_->head.load(std::memory_order_seq_cst); }
   void mark_aborted() { c_->writer_aborted.store(1, std::memory_order_seq_cst); }
 
  private:
@@ -199,11 +197,11 @@ class RingReader {
 class Mapping {
  public:
   Mapping() = default;
-  /// Maps kSegmentBytes of `fd` shared, read-write.
-  explicit Mapping(int fd) {
+  /// Maps kSegmentBytes of `fd` shared, read-write; `ctx` names the link in an error.
+  Mapping(int fd, const ErrorContext& ctx) {
     void* p = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
-      throw Error(ErrorCode::system, std::string("shm: mmap of a link segment failed: ") + std::strerror(errno));
+      throw Error(ErrorCode::system, ctx, std::string("mmap of a link segment failed: ") + std::strerror(errno));
     base_ = static_cast<std::byte*>(p);
   }
   Mapping(Mapping&& o) noexcept : base_(o.base_) { o.base_ = nullptr; }
