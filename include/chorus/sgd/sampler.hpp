@@ -36,11 +36,11 @@ class DistributedSampler {
                      bool drop_last = false)
       : n_(dataset_size), rank_(rank), world_(world_size), shuffle_(shuffle), seed_(seed), drop_last_(drop_last) {
     if (world_size < 1)
-      throw Error(ErrorCode::invalid_argument,
-                  "DistributedSampler: world_size " + std::to_string(world_size) + " must be at least 1");
+      throw Error(ErrorCode::invalid_argument, ErrorContext{rank, -1, "sgd::DistributedSampler"},
+                  "world_size " + std::to_string(world_size) + " must be at least 1");
     if (rank < 0 || rank >= world_size)
-      throw Error(ErrorCode::invalid_argument, "DistributedSampler: rank " + std::to_string(rank) +
-                                                   " is not in [0, " + std::to_string(world_size) + ")");
+      throw Error(ErrorCode::invalid_argument, ErrorContext{rank, -1, "sgd::DistributedSampler"},
+                  "rank " + std::to_string(rank) + " is not in [0, " + std::to_string(world_size) + ")");
     const auto w = static_cast<std::size_t>(world_size);
     per_rank_ = drop_last ? n_ / w : (n_ + w - 1) / w;
   }
