@@ -184,6 +184,26 @@ TEST_CASE_TEMPLATE("mismatch: all_reduce counts 10 vs 20", T, Inproc, Tcp) {
       "count 10", "count 20", {"", "ring", "tree", "recursive_doubling"});
 }
 
+// One side's first messages are small enough to carry the descriptor in front of their data,
+// the other's are not (a separate descriptor precedes them; above the links' eager size too).
+TEST_CASE_TEMPLATE("mismatch: all_reduce counts 10 vs 100000 (stamped vs separate descriptor)", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<float> v(odd ? 100000 : 10, 1.0f);
+        c.all_reduce(std::span<float>(v), ReduceOp::sum);
+      },
+      "count 10", "count 100000", {"", "ring", "tree", "recursive_doubling"});
+}
+
+TEST_CASE_TEMPLATE("mismatch: broadcast counts 7 vs 100000 (stamped vs separate descriptor)", T, Inproc, Tcp) {
+  expect_mismatch_everywhere<T>(
+      [](auto& c, bool odd) {
+        std::vector<std::uint8_t> v(odd ? 100000 : 7, 3);
+        c.broadcast(std::span<std::uint8_t>(v), 0);
+      },
+      "count 7", "count 100000", {"", "chain"});
+}
+
 TEST_CASE_TEMPLATE("mismatch: all_gather counts 3 vs 5", T, Inproc, Tcp) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {

@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstddef>
@@ -262,6 +263,45 @@ TEST_CASE_TEMPLATE("p2p: size mismatch fails the receive with mismatch", M, Inpr
           expect(contains(m, "recv"), "the message names the operation: " + m);
           expect_eq(e.rank(), 1, "Error::rank()");
           expect_eq(e.peer(), 0, "Error::peer()");
+        }
+      });
+    }
+  }
+}
+
+// A small (eager) message of another size than its receive still writes its first bytes that fit
+// into the receive's buffer before the receive fails (the Link concept: collectives read the
+// peer's descriptor from there). Both orders: the message waiting when the receive is posted, and
+// the receive posted first; a barrier on the same link orders them.
+TEST_CASE_TEMPLATE("p2p: a small message of another size writes its first bytes, then fails", M, InprocThreads,
+                   TcpThreads, TcpProcesses, ShmProcesses) {
+  for (bool receive_first : {false, true}) {
+    CAPTURE(receive_first);
+    for (std::size_t recv_size : {std::size_t(40), std::size_t(100), std::size_t(3000)}) {
+      CAPTURE(recv_size);
+      run_world<M>(2, [receive_first, recv_size](auto& comm, chorus::Store&) {
+        const auto msg = pattern(1000, 7);
+        if (comm.rank() == 0) {
+          if (receive_first) comm.barrier();
+          Request s = comm.isend(msg, 1, 4);
+          if (!receive_first) comm.barrier();
+          try {
+            s.wait();
+          } catch (const chorus::Error& e) {
+            expect(e.code() != ErrorCode::timeout, std::string("sender timed out: ") + e.what());
+          }
+        } else {
+          std::vector<std::byte> buf(recv_size, std::byte{0});
+          Request r;
+          if (receive_first) r = comm.irecv(buf, 0, 4);
+          comm.barrier();
+          if (!receive_first) r = comm.irecv(buf, 0, 4);
+          expect_error(ErrorCode::mismatch, [&] { r.wait(); }, "recv of the wrong size");
+          const std::size_t k = std::min(recv_size, msg.size());
+          for (std::size_t i = 0; i < k; ++i)
+            expect(buf[i] == msg[i], "byte " + std::to_string(i) + " of the message's head was not written");
+          for (std::size_t i = k; i < recv_size; ++i)
+            expect(buf[i] == std::byte{0}, "byte " + std::to_string(i) + " past the message was written");
         }
       });
     }

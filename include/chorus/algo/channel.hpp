@@ -3,20 +3,32 @@
 /// ranks in the transport's numbering), the call's tag and descriptor, and nothing of the
 /// transport but the Link concept.
 ///
-/// Descriptor protocol: the first message this rank sends to each peer during a call is preceded
-/// by the call's CollectiveDesc (a separate 32-byte message on the descriptor tag, pipelined with
-/// the data: no extra round trip). Data receives are posted at once; waiting for one then checks
-/// the peer's descriptor, which the link delivers before that peer's data (messages of one link
-/// arrive in the order they were sent), so by then it is there and the check costs no wake-up.
-/// When the data failed (a size that differs), or the wait stalls while the peer's descriptor
-/// has arrived, the descriptor is compared first: a difference surfaces as one `mismatch`
-/// naming both ranks and both descriptors (never as a bare size error), which the communicator
-/// then spreads to every rank. A message of a call that differs may land in a buffer before the
-/// difference is seen; the call fails either way.
-/// Algorithms are symmetric (a's k-th send to b is b's k-th receive from a), so "first send to
-/// b" and "first receive from a" always meet.
+/// Descriptor protocol (mismatch detection at no extra message on the common path):
+/// * Stamps. The first message this rank sends to a peer on each lane, when it is small
+///   (DescriptorPolicy::kInlineBytes), carries a 40-byte stamp (magic + CollectiveDesc) in front
+///   of its data, staged with it in one buffer: one message, as without descriptors. The
+///   receiver's first receive from that peer on that lane expects the stamp, compares it when the
+///   message is in and copies the data out.
+/// * Separate descriptors. Before a first message that is too large to stage, the descriptor goes
+///   as its own message on the descriptor tag (once per peer and call), and the receiver, at its
+///   first large receive from that peer, posts a receive for it. A pair in which only one side
+///   sends (a broadcast root and its child) exchanges separate descriptors both ways in finish(),
+///   so a sender learns of a difference too, and two ranks that both only send to each other (two
+///   different roots) still compare. Both ends derive every one of these choices from the same
+///   sizes, so in a matched call every separate descriptor sent is received.
+/// * Differences. A stamp or separate descriptor that differs raises `mismatch` naming both ranks
+///   and both descriptors, which the communicator then spreads to every rank. When a message has
+///   another size than its receive (a differing call), the link still writes the message's first
+///   bytes to the buffer (see the Link concept), so the peer's stamp is read from there; failing
+///   that, from the peer's separate descriptor (it precedes a large message on the link), whose
+///   receive is then posted; a wait that stalls also cross-checks through the store (OnStall).
+///   A message of a call that differs may land in a buffer before the difference is seen; the
+///   call fails either way.
+/// Algorithms are symmetric (a's k-th send to b on a lane is b's k-th receive from a on it), so a
+/// first send and a first receive always meet.
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -51,6 +63,23 @@ struct Group {
   int size() const { return static_cast<int>(members.size()); }
 };
 
+/// How descriptors travel (see the protocol above).
+struct DescriptorPolicy {
+  /// First messages up to this size carry the stamp in front of their data (staged: two copies
+  /// of at most this many bytes); larger ones are preceded by a separate descriptor. Below every
+  /// transport's eager limit, so a stamped message is always written whole on a size mismatch.
+  static constexpr std::size_t kInlineBytes = 4096;
+  static constexpr std::uint64_t kMagic = 0x43484f5255534453;  ///< "CHORUSDS"
+  static constexpr int kMaxLanes = 64;
+};
+
+/// What a stamped message starts with, and what a separate descriptor message is.
+struct Stamp {
+  std::uint64_t magic = DescriptorPolicy::kMagic;
+  CollectiveDesc desc;
+};
+static_assert(sizeof(Stamp) == 40);
+
 template <Transport T>
 class Channel {
  public:
@@ -59,6 +88,8 @@ class Channel {
     Request req;
     int peer = -1;
     bool recv = false;
+    int staged = -1;  ///< index of its staging buffer (a stamped first message), or -1
+    MutableBytes dst;  ///< a receive's buffer (for a staged one: where the data goes once in)
   };
   /// Called with the mismatch error before it is thrown: the communicator spreads it.
   using OnMismatch = std::function<void(const Error&)>;
@@ -71,64 +102,103 @@ class Channel {
 
   Channel(const Group<T>& g, CollectiveDesc desc, OnMismatch on_mismatch, OnStall on_stall = {})
       : g_(g),
-        desc_(desc),
         data_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassData | (desc.seq & kSeqMask)),
         desc_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassDesc | (desc.seq & kSeqMask)),
         on_mismatch_(std::move(on_mismatch)),
         on_stall_(std::move(on_stall)),
-        peer_desc_(std::make_shared<std::vector<CollectiveDesc>>(static_cast<std::size_t>(g.size()))),
-        desc_recv_(static_cast<std::size_t>(g.size())),
-        desc_state_(static_cast<std::size_t>(g.size()), kNone) {}
+        peers_(g.descriptors ? static_cast<std::size_t>(g.size()) : 0) {
+    stamp_.desc = desc;
+  }
 
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  /// Descriptor sends still in flight are waited for here (they are tiny and eager).
+  /// Never blocks: a buffer that a link may still read or write (an operation left pending when
+  /// the call ended early, by an exception) is handed to that operation, which frees it when done.
   ~Channel() {
-    for (auto& r : desc_sends_) {
-      try {
-        r.wait();
-      } catch (...) {  // the link broke: the data operations report it
-      }
-    }
+    for (auto& s : staged_)
+      if (s.buf && s.req.valid() && !s.req.state()->done()) s.req.state()->then([keep = std::move(s.buf)] {});
+    for (auto& r : shared_ops_)
+      if (r.valid() && !r.state()->done()) r.state()->then([keep = shared_] {});
   }
 
   int rank() const { return g_.rank; }
   int size() const { return g_.size(); }
-  const CollectiveDesc& desc() const { return desc_; }
+  const CollectiveDesc& desc() const { return stamp_.desc; }
 
-  /// Lanes (0..255) separate independent streams between the same pair within one call (the two
-  /// trees of a double binary tree): messages match in order per (peer, lane).
+  /// Lanes (0..kMaxLanes-1) separate independent streams between the same pair within one call
+  /// (the two trees of a double binary tree): messages match in order per (peer, lane).
   Op isend(int peer, ConstBytes b, int lane = 0) {
     auto& link = g_.transport->link(g_.members[peer]);
-    meet(peer, link);
-    return {link.isend(b, lane_tag(lane)), peer, false};
+    Op op{{}, peer, false, -1, {}};
+    if (first(peer, lane, /*recv=*/false)) {
+      if (b.size <= DescriptorPolicy::kInlineBytes) {
+        op.staged = stage(b.size);
+        Staged& s = staged_[static_cast<std::size_t>(op.staged)];
+        std::memcpy(s.buf.get(), &stamp_, sizeof stamp_);
+        if (b.size != 0) std::memcpy(s.buf.get() + sizeof stamp_, b.data, b.size);
+        s.req = link.isend(ConstBytes{s.buf.get(), sizeof stamp_ + b.size}, lane_tag(lane));
+        op.req = s.req;
+        return op;
+      }
+      send_desc(peer, link);
+    }
+    op.req = link.isend(b, lane_tag(lane));
+    return op;
   }
 
   Op irecv(int peer, MutableBytes b, int lane = 0) {
     auto& link = g_.transport->link(g_.members[peer]);
-    meet(peer, link);
-    return {link.irecv(b, lane_tag(lane)), peer, true};
+    Op op{{}, peer, true, -1, b};
+    if (first(peer, lane, /*recv=*/true)) {
+      if (b.size <= DescriptorPolicy::kInlineBytes) {
+        op.staged = stage(b.size);
+        Staged& s = staged_[static_cast<std::size_t>(op.staged)];
+        std::memset(s.buf.get(), 0, sizeof(Stamp));
+        s.req = link.irecv(MutableBytes{s.buf.get(), sizeof(Stamp) + b.size}, lane_tag(lane));
+        op.req = s.req;
+        return op;
+      }
+      recv_desc(peer, link);
+    }
+    op.req = link.irecv(b, lane_tag(lane));
+    return op;
   }
 
-  /// Checks every descriptor still unchecked (peers this rank only sent to); call once the
-  /// algorithm is done. A difference throws mismatch, as in wait().
+  /// Completes the descriptor exchange; call once the algorithm is done. Pairs in which only one
+  /// side sent exchange separate descriptors both ways here; every descriptor still unchecked is
+  /// then waited for and compared. A difference throws mismatch, as in wait().
   void finish() {
-    for (int p = 0; p < size(); ++p) check_desc(p);
+    if (peers_.empty()) return;
+    for (int p = 0; p < size(); ++p) {
+      Peer& q = peers_[static_cast<std::size_t>(p)];
+      if ((q.sent_lanes == 0) == (q.recv_lanes == 0)) continue;  // both ways, or no contact
+      auto& link = g_.transport->link(g_.members[p]);
+      send_desc(p, link);
+      recv_desc(p, link);
+    }
+    for (int p = 0; p < size(); ++p) check_separate(p);
   }
 
-  /// Waits for one operation; for a receive, then checks the peer's descriptor. When the
-  /// operation failed (either way: a differing call explains a differing size), the descriptor
-  /// is checked first.
+  /// Waits for one operation. A stamped receive then compares the peer's stamp and moves its data
+  /// into place. When the operation failed (either way: a differing call explains a differing
+  /// size), the peer's descriptor is compared first, so a different call surfaces as mismatch.
   void wait(Op& op) {
-    if (!g_.descriptors) return wait_request(op.req);
+    if (peers_.empty()) return wait_request(op.req);
     try {
       wait_request(op.req, op.peer);
-    } catch (const Error&) {
-      check_desc(op.peer);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::mismatch) explain_failure(op);
       throw;
     }
-    if (op.recv) check_desc(op.peer);
+    if (op.staged >= 0) {
+      if (op.recv)
+        unstage(op);
+      else
+        staged_[static_cast<std::size_t>(op.staged)].buf.reset();
+    } else if (op.recv) {
+      check_separate(op.peer);  // after a large first receive: the descriptor came before the data
+    }
   }
   void wait_all(std::span<Op> ops) {
     for (auto& o : ops) wait(o);
@@ -150,65 +220,177 @@ class Channel {
   }
 
  private:
-  enum : char { kNone, kPosted, kChecked };
+  /// What this call has exchanged with one peer.
+  struct Peer {
+    std::uint64_t sent_lanes = 0;  ///< lanes on which the first message was sent
+    std::uint64_t recv_lanes = 0;  ///< lanes on which the first receive was posted
+    bool desc_sent = false;        ///< a separate descriptor went to the peer
+    bool checked = false;          ///< the peer's descriptor was compared and equal
+    Request desc_recv;             ///< the receive of the peer's separate descriptor, if posted
+  };
+  /// A stamped message's buffer: stamp, then data.
+  struct Staged {
+    std::shared_ptr<std::byte[]> buf;
+    Request req;
+  };
+  /// Buffers of the separate descriptors (allocated on first use): ours, and one per peer.
+  struct Shared {
+    Stamp mine;
+    std::vector<Stamp> theirs;
+  };
 
   Tag lane_tag(int lane) const { return data_tag_ | (static_cast<Tag>(lane & 0xff) << kLaneShift); }
 
-  /// Waits for `r`, checking with the other ranks each time it stalls (first with `peer`'s
-  /// descriptor, if it has arrived); the request's own timeout still bounds the whole wait.
+  /// True for the first send (or receive) to `peer` on `lane` in this call (always false with
+  /// descriptors off).
+  bool first(int peer, int lane, bool recv) {
+    if (peers_.empty()) return false;
+    if (lane < 0 || lane >= DescriptorPolicy::kMaxLanes)
+      throw Error(ErrorCode::invalid_argument, ErrorContext{g_.rank, peer, describe(stamp_.desc)},
+                  "lane " + std::to_string(lane) + " out of range");
+    Peer& q = peers_[static_cast<std::size_t>(peer)];
+    std::uint64_t& lanes = recv ? q.recv_lanes : q.sent_lanes;
+    const std::uint64_t bit = std::uint64_t(1) << lane;
+    if (lanes & bit) return false;
+    lanes |= bit;
+    return true;
+  }
+
+  int stage(std::size_t bytes) {
+    staged_.push_back({std::make_shared_for_overwrite<std::byte[]>(sizeof(Stamp) + bytes), {}});
+    return static_cast<int>(staged_.size() - 1);
+  }
+
+  Shared& shared() {
+    if (!shared_) {
+      shared_ = std::make_shared<Shared>();
+      shared_->mine = stamp_;
+      shared_->theirs.resize(static_cast<std::size_t>(size()));
+    }
+    return *shared_;
+  }
+
+  /// Sends this call's descriptor to `peer` as its own message (once per call).
+  template <class L>
+  void send_desc(int peer, L& link) {
+    Peer& q = peers_[static_cast<std::size_t>(peer)];
+    if (q.desc_sent) return;
+    q.desc_sent = true;
+    const Stamp& mine = shared().mine;
+    shared_ops_.push_back(link.isend(ConstBytes{reinterpret_cast<const std::byte*>(&mine), sizeof mine}, desc_tag_));
+  }
+
+  /// Posts the receive of `peer`'s separate descriptor (once per call).
+  template <class L>
+  void recv_desc(int peer, L& link) {
+    Peer& q = peers_[static_cast<std::size_t>(peer)];
+    if (q.desc_recv.valid()) return;
+    Stamp* slot = &shared().theirs[static_cast<std::size_t>(peer)];
+    q.desc_recv = link.irecv(MutableBytes{reinterpret_cast<std::byte*>(slot), sizeof(Stamp)}, desc_tag_);
+    shared_ops_.push_back(q.desc_recv);
+  }
+
+  /// A stamped receive is in: compare the stamp, then move the data to the caller's buffer. A
+  /// message without a stamp (the peer sent a large message of the same total size: a differing
+  /// call) is explained by the peer's separate descriptor.
+  void unstage(Op& op) {
+    Staged& s = staged_[static_cast<std::size_t>(op.staged)];
+    if (!s.buf) return;  // waited for before
+    Stamp theirs;
+    std::memcpy(&theirs, s.buf.get(), sizeof theirs);
+    if (theirs.magic != DescriptorPolicy::kMagic) {
+      check_separate(op.peer, /*post=*/true);
+      throw Error(ErrorCode::mismatch, ErrorContext{g_.rank, op.peer, describe(stamp_.desc)},
+                  "the first message from rank " + std::to_string(op.peer) + " carries no descriptor");
+    }
+    compare(op.peer, theirs.desc);
+    if (op.dst.size != 0) std::memcpy(op.dst.data, s.buf.get() + sizeof(Stamp), op.dst.size);
+    s.buf.reset();
+  }
+
+  /// An operation failed with mismatch (another size, or a difference another rank reported):
+  /// find the peer's descriptor (a stamp written before a size mismatch failed the receive, else
+  /// its separate descriptor) and throw mismatch naming both if it differs.
+  void explain_failure(const Op& op) {
+    const Peer& q = peers_[static_cast<std::size_t>(op.peer)];
+    if (q.checked) return;
+    if (op.recv) {
+      const std::byte* head = nullptr;
+      std::size_t n = 0;
+      if (op.staged >= 0 && staged_[static_cast<std::size_t>(op.staged)].buf) {
+        head = staged_[static_cast<std::size_t>(op.staged)].buf.get();
+        n = sizeof(Stamp);
+      } else {
+        head = op.dst.data;
+        n = op.dst.size;
+      }
+      Stamp theirs;
+      if (n >= sizeof theirs) {
+        std::memcpy(&theirs, head, sizeof theirs);
+        if (theirs.magic == DescriptorPolicy::kMagic) return compare(op.peer, theirs.desc);
+      }
+    }
+    check_separate(op.peer, /*post=*/true);
+  }
+
+  /// Waits for `r`, checking with the other ranks each time it stalls (first with the separate
+  /// descriptors that have arrived); the request's own timeout still bounds the whole wait.
   void wait_request(Request& r, int peer = -1) {
     if (!r.valid()) return;
     if (on_stall_ || peer >= 0) {
       const auto deadline = std::chrono::steady_clock::now() + r.state()->timeout();
       while (std::chrono::steady_clock::now() < deadline) {
         if (r.state()->wait_for(kStallCheck)) return;
-        if (peer >= 0 && desc_state_[peer] == kPosted && desc_recv_[peer].test()) check_desc(peer);
-        if (on_stall_) on_stall_(desc_);
+        for (std::size_t p = 0; peer >= 0 && p < peers_.size(); ++p) {
+          Peer& q = peers_[p];
+          if (!q.checked && q.desc_recv.valid() && q.desc_recv.test()) check_separate(static_cast<int>(p));
+        }
+        if (on_stall_) on_stall_(stamp_.desc);
       }
     }
     r.wait();
   }
 
-  /// First contact with `peer` in this call, either way: send our descriptor and post the receive
-  /// of theirs. Both ends do it at their first contact, whichever side sends first, so two ranks
-  /// that both wait to receive from each other (different collectives) still compare.
-  template <class L>
-  void meet(int peer, L& link) {
-    if (!g_.descriptors || desc_state_[peer] != kNone) return;
-    desc_state_[peer] = kPosted;
-    desc_sends_.push_back(link.isend(ConstBytes{reinterpret_cast<const std::byte*>(&desc_), sizeof desc_}, desc_tag_));
-    CollectiveDesc* slot = &(*peer_desc_)[peer];
-    desc_recv_[peer] = link.irecv(MutableBytes{reinterpret_cast<std::byte*>(slot), sizeof(CollectiveDesc)}, desc_tag_);
-    // The buffer lives as long as the receive, should this call end early (an exception).
-    desc_recv_[peer].state()->then([keep = peer_desc_] {});
+  /// Waits for `peer`'s separate descriptor and compares; with `post`, posts its receive first
+  /// when that has not happened (a failure that no stamp explains). Nothing to do once checked.
+  void check_separate(int peer, bool post = false) {
+    Peer& q = peers_[static_cast<std::size_t>(peer)];
+    if (q.checked) return;
+    if (!q.desc_recv.valid()) {
+      if (!post) return;
+      recv_desc(peer, g_.transport->link(g_.members[peer]));
+    }
+    wait_request(q.desc_recv);
+    const Stamp& theirs = shared_->theirs[static_cast<std::size_t>(peer)];
+    if (theirs.magic != DescriptorPolicy::kMagic)
+      throw Error(ErrorCode::peer_failure, ErrorContext{g_.rank, peer, describe(stamp_.desc)},
+                  "rank " + std::to_string(peer) + " sent a malformed collective descriptor");
+    compare(peer, theirs.desc);
   }
 
-  /// Waits for the peer's descriptor and compares.
-  void check_desc(int peer) {
-    if (desc_state_[peer] != kPosted) return;
-    wait_request(desc_recv_[peer]);
-    const CollectiveDesc& theirs = (*peer_desc_)[peer];
-    if (theirs == desc_) {
-      desc_state_[peer] = kChecked;
+  /// Equal: the peer is checked. Different: mismatch, spread through on_mismatch_, thrown.
+  void compare(int peer, const CollectiveDesc& theirs) {
+    if (theirs == stamp_.desc) {
+      peers_[static_cast<std::size_t>(peer)].checked = true;
       return;
     }
-    Error e(ErrorCode::mismatch, ErrorContext{g_.rank, peer, describe(desc_)},
-            "collectives differ: rank " + std::to_string(g_.rank) + " called " + describe(desc_) + ", rank " +
+    Error e(ErrorCode::mismatch, ErrorContext{g_.rank, peer, describe(stamp_.desc)},
+            "collectives differ: rank " + std::to_string(g_.rank) + " called " + describe(stamp_.desc) + ", rank " +
                 std::to_string(peer) + " called " + describe(theirs));
     if (on_mismatch_) on_mismatch_(e);
     throw e;
   }
 
   const Group<T>& g_;
-  CollectiveDesc desc_;
+  Stamp stamp_;
   Tag data_tag_;
   Tag desc_tag_;
   OnMismatch on_mismatch_;
   OnStall on_stall_;
-  std::shared_ptr<std::vector<CollectiveDesc>> peer_desc_;
-  std::vector<Request> desc_recv_;
-  std::vector<char> desc_state_;
-  std::vector<Request> desc_sends_;
+  std::vector<Peer> peers_;  ///< empty when descriptors are off
+  std::vector<Staged> staged_;
+  std::shared_ptr<Shared> shared_;
+  std::vector<Request> shared_ops_;  ///< separate descriptor sends and receives
 };
 
 }  // namespace chorus::algo

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <deque>
 #include <optional>
@@ -28,6 +29,14 @@ struct RecvOp {
 struct EagerArrival {
   std::vector<std::byte> data;
 };
+
+/// A small (eager) message of another size than its receive: the receive fails, but first the
+/// bytes of the message that fit are written to its buffer, so that a header at its front can
+/// still be read (the Link concept; the collectives read the peer's descriptor from there).
+inline void write_prefix(MutableBytes dst, const std::byte* src, std::size_t n) {
+  const std::size_t k = n < dst.size ? n : dst.size;
+  if (k != 0) std::memcpy(dst.data, src, k);
+}
 
 /// The text of a failed receive whose message has another size (every transport says it alike).
 inline std::string size_mismatch(std::uint64_t sent, std::size_t posted) {

@@ -77,12 +77,17 @@ using chorus::detail::size_mismatch;
 /// Delivers an arrival into a receive; both sizes must match.
 inline void deliver(Arrival& a, RecvOp& r, Completions& done) {
   if (auto* e = std::get_if<EagerArrival>(&a)) {
-    if (e->data.size() != r.dst.size) return done.fail(r.req, ErrorCode::mismatch, size_mismatch(e->data.size(), r.dst.size));
+    if (e->data.size() != r.dst.size) {
+      chorus::detail::write_prefix(r.dst, e->data.data(), e->data.size());
+      return done.fail(r.req, ErrorCode::mismatch, size_mismatch(e->data.size(), r.dst.size));
+    }
     if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
     return done.ok(r.req, e->data.size());
   }
   auto& z = std::get<RendezvousArrival>(a);
   if (z.src.size != r.dst.size) {
+    // A small message met its receive directly: it counts as eager (see the Link concept).
+    if (z.src.size <= Policy::kEagerBytes) chorus::detail::write_prefix(r.dst, z.src.data, z.src.size);
     done.fail(z.send_req, ErrorCode::mismatch, size_mismatch(z.src.size, r.dst.size));
     return done.fail(r.req, ErrorCode::mismatch, size_mismatch(z.src.size, r.dst.size));
   }

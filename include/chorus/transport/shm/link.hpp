@@ -400,6 +400,7 @@ class Link {
         const std::byte* src = detail::RingReader::payload(&h);
         if (auto r = matcher_.take_posted(h.tag)) {
           if (r->dst.size != h.size) {
+            chorus::detail::write_prefix(r->dst, src, h.size);
             done.fail(r->req, ErrorCode::mismatch, detail::size_mismatch(h.size, r->dst.size));
           } else {
             if (h.size) std::memcpy(r->dst.data, src, h.size);
@@ -483,6 +484,7 @@ class Link {
     if (auto* e = std::get_if<detail::EagerArrival>(&a)) {
       unexpected_bytes_ -= e->data.size();
       if (e->data.size() != r.dst.size) {
+        chorus::detail::write_prefix(r.dst, e->data.data(), e->data.size());
         done.fail(r.req, ErrorCode::mismatch, detail::size_mismatch(e->data.size(), r.dst.size));
       } else {
         if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());

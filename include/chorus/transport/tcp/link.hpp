@@ -175,6 +175,7 @@ class Link {
     if (auto* e = std::get_if<detail::EagerArrival>(&a)) {
       unexpected_bytes_ -= e->data.size();
       if (e->data.size() != r.dst.size) {
+        chorus::detail::write_prefix(r.dst, e->data.data(), e->data.size());
         r.req->fail(ErrorCode::mismatch, detail::size_mismatch(e->data.size(), r.dst.size));
       } else {
         if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
@@ -278,7 +279,8 @@ class Link {
             auto req = r->req;
             return read_payload(
                 {scratch_.data(), scratch_.size()},
-                [r = std::move(*r), size = h.size] {
+                [this, r = std::move(*r), size = h.size] {
+                  chorus::detail::write_prefix(r.dst, scratch_.data(), size);
                   r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
                 },
                 std::move(req));
