@@ -80,6 +80,61 @@ struct Stamp {
 };
 static_assert(sizeof(Stamp) == 40);
 
+/// What a call's channel keeps per peer and per stamped message, owned by the communicator and
+/// reused from call to call (no allocation per call once grown). A channel that ends with an
+/// operation still pending (an exception) hands the memory to that operation and the
+/// communicator starts a new one (see Channel's constructor and destructor).
+class ChannelMemory {
+ public:
+  /// What one call has exchanged with one peer.
+  struct Peer {
+    std::uint64_t sent_lanes = 0;  ///< lanes on which the first message was sent
+    std::uint64_t recv_lanes = 0;  ///< lanes on which the first receive was posted
+    bool desc_sent = false;        ///< a separate descriptor went to the peer
+    bool checked = false;          ///< the peer's descriptor was compared and equal
+    Request desc_recv;             ///< the receive of the peer's separate descriptor, if posted
+  };
+  /// A stamped message: its staging buffer (stamp, then data) and its request.
+  struct Staged {
+    std::byte* buf = nullptr;  ///< null once the data has been moved out (or the send is done)
+    Request req;
+  };
+
+  /// Starts a call among `peers` ranks.
+  void reset(int peers, const Stamp& mine) {
+    peers_.resize(static_cast<std::size_t>(peers));
+    for (auto& q : peers_) q = Peer{};
+    staged_.clear();
+    ops_.clear();
+    mine_ = mine;
+    block_ = 0;
+    used_ = 0;
+  }
+
+  /// n bytes of staging memory, valid until the next reset (blocks never move).
+  std::byte* stage(std::size_t n) {
+    n = (n + 15) / 16 * 16;
+    if (block_ < blocks_.size() && used_ + n > kBlockBytes) ++block_, used_ = 0;
+    if (block_ == blocks_.size()) blocks_.push_back(std::make_unique_for_overwrite<std::byte[]>(kBlockBytes));
+    std::byte* p = blocks_[block_].get() + used_;
+    used_ += n;
+    return p;
+  }
+
+  std::vector<Peer> peers_;
+  std::vector<Staged> staged_;
+  std::vector<Request> ops_;    ///< separate descriptor sends and receives
+  std::vector<Stamp> theirs_;   ///< peers' separate descriptors land here (sized on first use)
+  Stamp mine_;                  ///< this call's separate descriptor is sent from here
+
+ private:
+  /// Holds DescriptorPolicy::kInlineBytes + a stamp, rounded.
+  static constexpr std::size_t kBlockBytes = 64 << 10;
+  std::vector<std::unique_ptr<std::byte[]>> blocks_;
+  std::size_t block_ = 0;
+  std::size_t used_ = 0;
+};
+
 template <Transport T>
 class Channel {
  public:
@@ -100,14 +155,20 @@ class Channel {
   using OnStall = std::function<void(const CollectiveDesc&)>;
   static constexpr std::chrono::milliseconds kStallCheck{200};
 
-  Channel(const Group<T>& g, CollectiveDesc desc, OnMismatch on_mismatch, OnStall on_stall = {})
+  /// `memory`: the communicator's, reused across its calls (they run one at a time); replaced by
+  /// a new one when an earlier call left operations pending on it.
+  Channel(const Group<T>& g, CollectiveDesc desc, std::shared_ptr<ChannelMemory>& memory, OnMismatch on_mismatch,
+          OnStall on_stall = {})
       : g_(g),
         data_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassData | (desc.seq & kSeqMask)),
         desc_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassDesc | (desc.seq & kSeqMask)),
         on_mismatch_(std::move(on_mismatch)),
-        on_stall_(std::move(on_stall)),
-        peers_(g.descriptors ? static_cast<std::size_t>(g.size()) : 0) {
+        on_stall_(std::move(on_stall)) {
     stamp_.desc = desc;
+    if (!g.descriptors) return;
+    if (!memory || memory.use_count() > 1) memory = std::make_shared<ChannelMemory>();
+    mem_ = memory;
+    mem_->reset(g.size(), stamp_);
   }
 
   Channel(const Channel&) = delete;
@@ -116,10 +177,13 @@ class Channel {
   /// Never blocks: a buffer that a link may still read or write (an operation left pending when
   /// the call ended early, by an exception) is handed to that operation, which frees it when done.
   ~Channel() {
-    for (auto& s : staged_)
-      if (s.buf && s.req.valid() && !s.req.state()->done()) s.req.state()->then([keep = std::move(s.buf)] {});
-    for (auto& r : shared_ops_)
-      if (r.valid() && !r.state()->done()) r.state()->then([keep = shared_] {});
+    if (!mem_) return;
+    auto keep = [this](Request& r) {
+      if (r.valid() && !r.state()->done()) r.state()->then([keep = mem_] {});
+    };
+    for (auto& s : mem_->staged_)
+      if (s.buf) keep(s.req);
+    for (auto& r : mem_->ops_) keep(r);
   }
 
   int rank() const { return g_.rank; }
@@ -134,10 +198,10 @@ class Channel {
     if (first(peer, lane, /*recv=*/false)) {
       if (b.size <= DescriptorPolicy::kInlineBytes) {
         op.staged = stage(b.size);
-        Staged& s = staged_[static_cast<std::size_t>(op.staged)];
-        std::memcpy(s.buf.get(), &stamp_, sizeof stamp_);
-        if (b.size != 0) std::memcpy(s.buf.get() + sizeof stamp_, b.data, b.size);
-        s.req = link.isend(ConstBytes{s.buf.get(), sizeof stamp_ + b.size}, lane_tag(lane));
+        auto& s = mem_->staged_[static_cast<std::size_t>(op.staged)];
+        std::memcpy(s.buf, &stamp_, sizeof stamp_);
+        if (b.size != 0) std::memcpy(s.buf + sizeof stamp_, b.data, b.size);
+        s.req = link.isend(ConstBytes{s.buf, sizeof stamp_ + b.size}, lane_tag(lane));
         op.req = s.req;
         return op;
       }
@@ -153,9 +217,9 @@ class Channel {
     if (first(peer, lane, /*recv=*/true)) {
       if (b.size <= DescriptorPolicy::kInlineBytes) {
         op.staged = stage(b.size);
-        Staged& s = staged_[static_cast<std::size_t>(op.staged)];
-        std::memset(s.buf.get(), 0, sizeof(Stamp));
-        s.req = link.irecv(MutableBytes{s.buf.get(), sizeof(Stamp) + b.size}, lane_tag(lane));
+        auto& s = mem_->staged_[static_cast<std::size_t>(op.staged)];
+        std::memset(s.buf, 0, sizeof(Stamp));
+        s.req = link.irecv(MutableBytes{s.buf, sizeof(Stamp) + b.size}, lane_tag(lane));
         op.req = s.req;
         return op;
       }
@@ -169,9 +233,9 @@ class Channel {
   /// side sent exchange separate descriptors both ways here; every descriptor still unchecked is
   /// then waited for and compared. A difference throws mismatch, as in wait().
   void finish() {
-    if (peers_.empty()) return;
+    if (!mem_) return;
     for (int p = 0; p < size(); ++p) {
-      Peer& q = peers_[static_cast<std::size_t>(p)];
+      const Peer& q = peer(p);
       if ((q.sent_lanes == 0) == (q.recv_lanes == 0)) continue;  // both ways, or no contact
       auto& link = g_.transport->link(g_.members[p]);
       send_desc(p, link);
@@ -184,7 +248,7 @@ class Channel {
   /// into place. When the operation failed (either way: a differing call explains a differing
   /// size), the peer's descriptor is compared first, so a different call surfaces as mismatch.
   void wait(Op& op) {
-    if (peers_.empty()) return wait_request(op.req);
+    if (!mem_) return wait_request(op.req);
     try {
       wait_request(op.req, op.peer);
     } catch (const Error& e) {
@@ -195,7 +259,7 @@ class Channel {
       if (op.recv)
         unstage(op);
       else
-        staged_[static_cast<std::size_t>(op.staged)].buf.reset();
+        mem_->staged_[static_cast<std::size_t>(op.staged)].buf = nullptr;
     } else if (op.recv) {
       check_separate(op.peer);  // after a large first receive: the descriptor came before the data
     }
@@ -220,35 +284,20 @@ class Channel {
   }
 
  private:
-  /// What this call has exchanged with one peer.
-  struct Peer {
-    std::uint64_t sent_lanes = 0;  ///< lanes on which the first message was sent
-    std::uint64_t recv_lanes = 0;  ///< lanes on which the first receive was posted
-    bool desc_sent = false;        ///< a separate descriptor went to the peer
-    bool checked = false;          ///< the peer's descriptor was compared and equal
-    Request desc_recv;             ///< the receive of the peer's separate descriptor, if posted
-  };
-  /// A stamped message's buffer: stamp, then data.
-  struct Staged {
-    std::shared_ptr<std::byte[]> buf;
-    Request req;
-  };
-  /// Buffers of the separate descriptors (allocated on first use): ours, and one per peer.
-  struct Shared {
-    Stamp mine;
-    std::vector<Stamp> theirs;
-  };
+  using Peer = ChannelMemory::Peer;
+
+  Peer& peer(int p) { return mem_->peers_[static_cast<std::size_t>(p)]; }
 
   Tag lane_tag(int lane) const { return data_tag_ | (static_cast<Tag>(lane & 0xff) << kLaneShift); }
 
   /// True for the first send (or receive) to `peer` on `lane` in this call (always false with
   /// descriptors off).
   bool first(int peer, int lane, bool recv) {
-    if (peers_.empty()) return false;
+    if (!mem_) return false;
     if (lane < 0 || lane >= DescriptorPolicy::kMaxLanes)
       throw Error(ErrorCode::invalid_argument, ErrorContext{g_.rank, peer, describe(stamp_.desc)},
                   "lane " + std::to_string(lane) + " out of range");
-    Peer& q = peers_[static_cast<std::size_t>(peer)];
+    Peer& q = this->peer(peer);
     std::uint64_t& lanes = recv ? q.recv_lanes : q.sent_lanes;
     const std::uint64_t bit = std::uint64_t(1) << lane;
     if (lanes & bit) return false;
@@ -257,68 +306,59 @@ class Channel {
   }
 
   int stage(std::size_t bytes) {
-    staged_.push_back({std::make_shared_for_overwrite<std::byte[]>(sizeof(Stamp) + bytes), {}});
-    return static_cast<int>(staged_.size() - 1);
-  }
-
-  Shared& shared() {
-    if (!shared_) {
-      shared_ = std::make_shared<Shared>();
-      shared_->mine = stamp_;
-      shared_->theirs.resize(static_cast<std::size_t>(size()));
-    }
-    return *shared_;
+    mem_->staged_.push_back({mem_->stage(sizeof(Stamp) + bytes), {}});
+    return static_cast<int>(mem_->staged_.size() - 1);
   }
 
   /// Sends this call's descriptor to `peer` as its own message (once per call).
   template <class L>
   void send_desc(int peer, L& link) {
-    Peer& q = peers_[static_cast<std::size_t>(peer)];
+    Peer& q = this->peer(peer);
     if (q.desc_sent) return;
     q.desc_sent = true;
-    const Stamp& mine = shared().mine;
-    shared_ops_.push_back(link.isend(ConstBytes{reinterpret_cast<const std::byte*>(&mine), sizeof mine}, desc_tag_));
+    const Stamp& mine = mem_->mine_;
+    mem_->ops_.push_back(link.isend(ConstBytes{reinterpret_cast<const std::byte*>(&mine), sizeof mine}, desc_tag_));
   }
 
   /// Posts the receive of `peer`'s separate descriptor (once per call).
   template <class L>
   void recv_desc(int peer, L& link) {
-    Peer& q = peers_[static_cast<std::size_t>(peer)];
+    Peer& q = this->peer(peer);
     if (q.desc_recv.valid()) return;
-    Stamp* slot = &shared().theirs[static_cast<std::size_t>(peer)];
+    if (mem_->theirs_.size() < mem_->peers_.size()) mem_->theirs_.resize(mem_->peers_.size());
+    Stamp* slot = &mem_->theirs_[static_cast<std::size_t>(peer)];
     q.desc_recv = link.irecv(MutableBytes{reinterpret_cast<std::byte*>(slot), sizeof(Stamp)}, desc_tag_);
-    shared_ops_.push_back(q.desc_recv);
+    mem_->ops_.push_back(q.desc_recv);
   }
 
   /// A stamped receive is in: compare the stamp, then move the data to the caller's buffer. A
   /// message without a stamp (the peer sent a large message of the same total size: a differing
   /// call) is explained by the peer's separate descriptor.
   void unstage(Op& op) {
-    Staged& s = staged_[static_cast<std::size_t>(op.staged)];
+    auto& s = mem_->staged_[static_cast<std::size_t>(op.staged)];
     if (!s.buf) return;  // waited for before
     Stamp theirs;
-    std::memcpy(&theirs, s.buf.get(), sizeof theirs);
+    std::memcpy(&theirs, s.buf, sizeof theirs);
     if (theirs.magic != DescriptorPolicy::kMagic) {
       check_separate(op.peer, /*post=*/true);
       throw Error(ErrorCode::mismatch, ErrorContext{g_.rank, op.peer, describe(stamp_.desc)},
                   "the first message from rank " + std::to_string(op.peer) + " carries no descriptor");
     }
     compare(op.peer, theirs.desc);
-    if (op.dst.size != 0) std::memcpy(op.dst.data, s.buf.get() + sizeof(Stamp), op.dst.size);
-    s.buf.reset();
+    if (op.dst.size != 0) std::memcpy(op.dst.data, s.buf + sizeof(Stamp), op.dst.size);
+    s.buf = nullptr;
   }
 
   /// An operation failed with mismatch (another size, or a difference another rank reported):
   /// find the peer's descriptor (a stamp written before a size mismatch failed the receive, else
   /// its separate descriptor) and throw mismatch naming both if it differs.
   void explain_failure(const Op& op) {
-    const Peer& q = peers_[static_cast<std::size_t>(op.peer)];
-    if (q.checked) return;
+    if (peer(op.peer).checked) return;
     if (op.recv) {
       const std::byte* head = nullptr;
       std::size_t n = 0;
-      if (op.staged >= 0 && staged_[static_cast<std::size_t>(op.staged)].buf) {
-        head = staged_[static_cast<std::size_t>(op.staged)].buf.get();
+      if (op.staged >= 0 && mem_->staged_[static_cast<std::size_t>(op.staged)].buf) {
+        head = mem_->staged_[static_cast<std::size_t>(op.staged)].buf;
         n = sizeof(Stamp);
       } else {
         head = op.dst.data;
@@ -341,9 +381,9 @@ class Channel {
       const auto deadline = std::chrono::steady_clock::now() + r.state()->timeout();
       while (std::chrono::steady_clock::now() < deadline) {
         if (r.state()->wait_for(kStallCheck)) return;
-        for (std::size_t p = 0; peer >= 0 && p < peers_.size(); ++p) {
-          Peer& q = peers_[p];
-          if (!q.checked && q.desc_recv.valid() && q.desc_recv.test()) check_separate(static_cast<int>(p));
+        for (int p = 0; peer >= 0 && mem_ && p < size(); ++p) {
+          Peer& q = this->peer(p);
+          if (!q.checked && q.desc_recv.valid() && q.desc_recv.test()) check_separate(p);
         }
         if (on_stall_) on_stall_(stamp_.desc);
       }
@@ -354,14 +394,14 @@ class Channel {
   /// Waits for `peer`'s separate descriptor and compares; with `post`, posts its receive first
   /// when that has not happened (a failure that no stamp explains). Nothing to do once checked.
   void check_separate(int peer, bool post = false) {
-    Peer& q = peers_[static_cast<std::size_t>(peer)];
+    Peer& q = this->peer(peer);
     if (q.checked) return;
     if (!q.desc_recv.valid()) {
       if (!post) return;
       recv_desc(peer, g_.transport->link(g_.members[peer]));
     }
     wait_request(q.desc_recv);
-    const Stamp& theirs = shared_->theirs[static_cast<std::size_t>(peer)];
+    const Stamp& theirs = mem_->theirs_[static_cast<std::size_t>(peer)];
     if (theirs.magic != DescriptorPolicy::kMagic)
       throw Error(ErrorCode::peer_failure, ErrorContext{g_.rank, peer, describe(stamp_.desc)},
                   "rank " + std::to_string(peer) + " sent a malformed collective descriptor");
@@ -371,7 +411,7 @@ class Channel {
   /// Equal: the peer is checked. Different: mismatch, spread through on_mismatch_, thrown.
   void compare(int peer, const CollectiveDesc& theirs) {
     if (theirs == stamp_.desc) {
-      peers_[static_cast<std::size_t>(peer)].checked = true;
+      this->peer(peer).checked = true;
       return;
     }
     Error e(ErrorCode::mismatch, ErrorContext{g_.rank, peer, describe(stamp_.desc)},
@@ -387,10 +427,7 @@ class Channel {
   Tag desc_tag_;
   OnMismatch on_mismatch_;
   OnStall on_stall_;
-  std::vector<Peer> peers_;  ///< empty when descriptors are off
-  std::vector<Staged> staged_;
-  std::shared_ptr<Shared> shared_;
-  std::vector<Request> shared_ops_;  ///< separate descriptor sends and receives
+  std::shared_ptr<ChannelMemory> mem_;  ///< null when descriptors are off
 };
 
 }  // namespace chorus::algo

@@ -74,6 +74,7 @@ struct Communicator<T>::State {
   algo::TransportModel model = algo::kTcpModel;  ///< set once the group is known (cost_model())
   algo::Overrides overrides;
   algo::Scratch scratch;
+  std::shared_ptr<algo::ChannelMemory> channel_memory;  ///< reused by each call's Channel
   std::uint64_t coll_seq = 0;       ///< collectives called so far (identical on every rank)
   std::uint64_t split_seq = 0;
   /// One receive buffer per peer, owned jointly with the pending receives' callbacks: a receive
@@ -267,7 +268,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     st.history.push_back(desc);
     if (st.history.size() > State::kHistory) st.history.pop_front();
     algo::Channel<T> ch(
-        st.group, desc, [&st](const Error& e) { st.spread(e); },
+        st.group, desc, st.channel_memory, [&st](const Error& e) { st.spread(e); },
         [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
     run_algorithm(st, ch, desc, args, choice);
     ch.finish();
