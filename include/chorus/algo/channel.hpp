@@ -242,6 +242,9 @@ class Channel {
       recv_desc(p, link);
     }
     for (int p = 0; p < size(); ++p) check_separate(p);
+    // A call returns once its messages have left, as its data sends have: a rank that returns and
+    // exits at once must not take a descriptor its peer still waits for with it.
+    for (auto& r : mem_->ops_) wait_request(r);
   }
 
   /// Waits for one operation. A stamped receive then compares the peer's stamp and moves its data
