@@ -163,11 +163,12 @@ class Channel {
         data_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassData | (desc.seq & kSeqMask)),
         desc_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassDesc | (desc.seq & kSeqMask)),
         on_mismatch_(std::move(on_mismatch)),
-        on_stall_(std::move(on_stall)) {
+        on_stall_(std::move(on_stall)),
+        owner_(memory) {
     stamp_.desc = desc;
     if (!g.descriptors) return;
     if (!memory || memory.use_count() > 1) memory = std::make_shared<ChannelMemory>();
-    mem_ = memory;
+    mem_ = memory.get();
     mem_->reset(g.size(), stamp_);
   }
 
@@ -179,7 +180,7 @@ class Channel {
   ~Channel() {
     if (!mem_) return;
     auto keep = [this](Request& r) {
-      if (r.valid() && !r.state()->done()) r.state()->then([keep = mem_] {});
+      if (r.valid() && !r.state()->done()) r.state()->then([keep = owner_] {});
     };
     for (auto& s : mem_->staged_)
       if (s.buf) keep(s.req);
@@ -234,13 +235,16 @@ class Channel {
   /// then waited for and compared. A difference throws mismatch, as in wait().
   void finish() {
     if (!mem_) return;
+    bool separate = !mem_->ops_.empty();
     for (int p = 0; p < size(); ++p) {
       const Peer& q = peer(p);
       if ((q.sent_lanes == 0) == (q.recv_lanes == 0)) continue;  // both ways, or no contact
       auto& link = g_.transport->link(g_.members[p]);
       send_desc(p, link);
       recv_desc(p, link);
+      separate = true;
     }
+    if (!separate) return;  // every descriptor came as a stamp, and was checked on arrival
     for (int p = 0; p < size(); ++p) check_separate(p);
     // A call returns once its messages have left, as its data sends have: a rank that returns and
     // exits at once must not take a descriptor its peer still waits for with it.
@@ -430,7 +434,8 @@ class Channel {
   Tag desc_tag_;
   OnMismatch on_mismatch_;
   OnStall on_stall_;
-  std::shared_ptr<ChannelMemory> mem_;  ///< null when descriptors are off
+  std::shared_ptr<ChannelMemory>& owner_;  ///< the communicator's handle on mem_
+  ChannelMemory* mem_ = nullptr;           ///< null when descriptors are off
 };
 
 }  // namespace chorus::algo
