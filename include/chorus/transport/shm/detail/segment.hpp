@@ -198,8 +198,11 @@ class Mapping {
  public:
   Mapping() = default;
   /// Maps kSegmentBytes of `fd` shared, read-write; `ctx` names the link in an error.
+  /// MAP_POPULATE faults every page in now, at connection time: otherwise the first lap of each
+  /// ring takes a page fault every 4 KiB of messages on both sides (2 x 256 per ring), which
+  /// made a link's first ~10^4 small messages measurably slower than the rest.
   Mapping(int fd, const ErrorContext& ctx) {
-    void* p = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* p = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED)
       throw Error(ErrorCode::system, ctx, std::string("mmap of a link segment failed: ") + std::strerror(errno));
     base_ = static_cast<std::byte*>(p);
