@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "chorus/communicator.hpp"
+#include "support/sanitized.hpp"
 #include "support/communicators.hpp"
 #include "chorus/transport/inproc/transport.hpp"
 #include "support/fill.hpp"
@@ -47,16 +48,12 @@ using chorus::test::pattern;
 using chorus::test::seed_of;
 using Comm = chorus::Communicator<chorus::inproc::Transport>;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using chorus::test::kSanitized;
 
 constexpr std::size_t kSmallCounts[] = {0, 1, 2, 3, 7, 13, 1000};
-/// Sanitizer builds run 3-10x slower: the largest count shrinks there.
-constexpr std::size_t kLargeCounts[] = {
-    std::size_t{1} << 16, kSanitized ? (std::size_t{1} << 18) + 17 : (std::size_t{1} << 20) + 17};
+/// Sanitizer builds run 3-10x slower: the large counts shrink there (still many slices each).
+constexpr std::size_t kLargeCounts[] = {kSanitized ? std::size_t{1} << 15 : std::size_t{1} << 16,
+                                        kSanitized ? (std::size_t{1} << 17) + 17 : (std::size_t{1} << 20) + 17};
 /// Pipeline slices of the communicator for the small counts: tiny, so 13 floats are 4 slices.
 constexpr std::size_t kSmallSlice = 64;
 /// ... and for the large counts with a forced algorithm (not a power of two on purpose; the
