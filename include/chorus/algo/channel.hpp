@@ -128,8 +128,8 @@ class ChannelMemory {
   Stamp mine_;                  ///< this call's separate descriptor is sent from here
 
  private:
-  /// Holds DescriptorPolicy::kInlineBytes + a stamp, rounded.
   static constexpr std::size_t kBlockBytes = 64 << 10;
+  static_assert(kBlockBytes >= DescriptorPolicy::kInlineBytes + sizeof(Stamp) + 15, "a block holds any staged message");
   std::vector<std::unique_ptr<std::byte[]>> blocks_;
   std::size_t block_ = 0;
   std::size_t used_ = 0;
