@@ -32,6 +32,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -312,6 +313,15 @@ class Channel {
     return true;
   }
 
+  /// The stamp at the front of `n` bytes, if they hold one.
+  static std::optional<CollectiveDesc> read_stamp(const std::byte* head, std::size_t n) {
+    Stamp s;
+    if (n < sizeof s) return std::nullopt;
+    std::memcpy(&s, head, sizeof s);
+    if (s.magic != DescriptorPolicy::kMagic) return std::nullopt;
+    return s.desc;
+  }
+
   int stage(std::size_t bytes) {
     mem_->staged_.push_back({mem_->stage(sizeof(Stamp) + bytes), {}});
     return static_cast<int>(mem_->staged_.size() - 1);
@@ -344,14 +354,13 @@ class Channel {
   void unstage(Op& op) {
     auto& s = mem_->staged_[static_cast<std::size_t>(op.staged)];
     if (!s.buf) return;  // waited for before
-    Stamp theirs;
-    std::memcpy(&theirs, s.buf, sizeof theirs);
-    if (theirs.magic != DescriptorPolicy::kMagic) {
+    const auto theirs = read_stamp(s.buf, sizeof(Stamp));
+    if (!theirs) {
       check_separate(op.peer, /*post=*/true);
       throw Error(ErrorCode::mismatch, ErrorContext{g_.rank, op.peer, describe(stamp_.desc)},
                   "the first message from rank " + std::to_string(op.peer) + " carries no descriptor");
     }
-    compare(op.peer, theirs.desc);
+    compare(op.peer, *theirs);
     if (op.dst.size != 0) std::memcpy(op.dst.data, s.buf + sizeof(Stamp), op.dst.size);
     s.buf = nullptr;
   }
@@ -362,20 +371,9 @@ class Channel {
   void explain_failure(const Op& op) {
     if (peer(op.peer).checked) return;
     if (op.recv) {
-      const std::byte* head = nullptr;
-      std::size_t n = 0;
-      if (op.staged >= 0 && mem_->staged_[static_cast<std::size_t>(op.staged)].buf) {
-        head = mem_->staged_[static_cast<std::size_t>(op.staged)].buf;
-        n = sizeof(Stamp);
-      } else {
-        head = op.dst.data;
-        n = op.dst.size;
-      }
-      Stamp theirs;
-      if (n >= sizeof theirs) {
-        std::memcpy(&theirs, head, sizeof theirs);
-        if (theirs.magic == DescriptorPolicy::kMagic) return compare(op.peer, theirs.desc);
-      }
+      const std::byte* staged = op.staged >= 0 ? mem_->staged_[static_cast<std::size_t>(op.staged)].buf : nullptr;
+      const auto theirs = staged ? read_stamp(staged, sizeof(Stamp)) : read_stamp(op.dst.data, op.dst.size);
+      if (theirs) return compare(op.peer, *theirs);
     }
     check_separate(op.peer, /*post=*/true);
   }
@@ -422,8 +420,7 @@ class Channel {
       return;
     }
     Error e(ErrorCode::mismatch, ErrorContext{g_.rank, peer, describe(stamp_.desc)},
-            "collectives differ: rank " + std::to_string(g_.rank) + " called " + describe(stamp_.desc) + ", rank " +
-                std::to_string(peer) + " called " + describe(theirs));
+            describe_difference(g_.rank, stamp_.desc, peer, theirs));
     if (on_mismatch_) on_mismatch_(e);
     throw e;
   }

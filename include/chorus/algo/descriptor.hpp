@@ -68,4 +68,10 @@ inline std::string describe(const CollectiveDesc& d) {
   return os.str();
 }
 
+/// The text of a mismatch: "collectives differ: rank 0 called ..., rank 2 called ...".
+inline std::string describe_difference(int rank, const CollectiveDesc& mine, int peer, const CollectiveDesc& theirs) {
+  return "collectives differ: rank " + std::to_string(rank) + " called " + describe(mine) + ", rank " +
+         std::to_string(peer) + " called " + describe(theirs);
+}
+
 }  // namespace chorus::algo

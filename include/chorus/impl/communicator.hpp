@@ -134,9 +134,7 @@ struct Communicator<T>::State {
         algo::CollectiveDesc d;
         std::memcpy(&d, theirs.data() + off, sizeof d);
         if (d.seq != mine.seq || d == mine) continue;
-        Error e(ErrorCode::mismatch, ctx(p, algo::describe(mine)),
-                "collectives differ: rank " + std::to_string(group.rank) + " called " + algo::describe(mine) + ", rank " +
-                    std::to_string(p) + " called " + algo::describe(d));
+        Error e(ErrorCode::mismatch, ctx(p, algo::describe(mine)), algo::describe_difference(group.rank, mine, p, d));
         spread(e);
         throw e;
       }
