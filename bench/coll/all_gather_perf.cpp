@@ -25,4 +25,7 @@ struct AllGather {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<AllGather>(), argc, argv); }
+/// The main() of all_gather_perf (bench/CMakeLists.txt generates the one-line main that calls it).
+int chorus::bench::programs::all_gather_perf(int argc, char** argv) {
+  return perf_main(describe<AllGather>(), argc, argv);
+}

@@ -20,4 +20,7 @@ struct AllReduce {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<AllReduce>(), argc, argv); }
+/// The main() of all_reduce_perf (bench/CMakeLists.txt generates the one-line main that calls it).
+int chorus::bench::programs::all_reduce_perf(int argc, char** argv) {
+  return perf_main(describe<AllReduce>(), argc, argv);
+}

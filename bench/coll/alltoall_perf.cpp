@@ -26,4 +26,7 @@ struct AllToAll {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<AllToAll>(), argc, argv); }
+/// The main() of alltoall_perf (bench/CMakeLists.txt generates the one-line main that calls it).
+int chorus::bench::programs::alltoall_perf(int argc, char** argv) {
+  return perf_main(describe<AllToAll>(), argc, argv);
+}

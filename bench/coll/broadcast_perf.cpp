@@ -29,4 +29,7 @@ struct Broadcast {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<Broadcast>(), argc, argv); }
+/// The main() of broadcast_perf (bench/CMakeLists.txt generates the one-line main that calls it).
+int chorus::bench::programs::broadcast_perf(int argc, char** argv) {
+  return perf_main(describe<Broadcast>(), argc, argv);
+}

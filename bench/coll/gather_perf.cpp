@@ -25,4 +25,7 @@ struct Gather {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<Gather>(), argc, argv); }
+/// The main() of gather_perf (bench/CMakeLists.txt generates the one-line main that calls it).
+int chorus::bench::programs::gather_perf(int argc, char** argv) {
+  return perf_main(describe<Gather>(), argc, argv);
+}

@@ -22,4 +22,7 @@ struct Reduce {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<Reduce>(), argc, argv); }
+/// The main() of reduce_perf (bench/CMakeLists.txt generates the one-line main that calls it).
+int chorus::bench::programs::reduce_perf(int argc, char** argv) {
+  return perf_main(describe<Reduce>(), argc, argv);
+}

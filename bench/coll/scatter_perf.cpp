@@ -25,4 +25,7 @@ struct Scatter {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<Scatter>(), argc, argv); }
+/// The main() of scatter_perf (bench/CMakeLists.txt generates the one-line main that calls it).
+int chorus::bench::programs::scatter_perf(int argc, char** argv) {
+  return perf_main(describe<Scatter>(), argc, argv);
+}

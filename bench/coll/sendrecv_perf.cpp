@@ -29,4 +29,7 @@ struct SendRecv {
 };
 }  // namespace
 
-int main(int argc, char** argv) { return chorus::bench::perf_main(chorus::bench::describe<SendRecv>(), argc, argv); }
+/// The main() of sendrecv_perf (bench/CMakeLists.txt generates the one-line main that calls it).
+int chorus::bench::programs::sendrecv_perf(int argc, char** argv) {
+  return perf_main(describe<SendRecv>(), argc, argv);
+}

@@ -1,9 +1,12 @@
 #pragma once
 /// The one entry point of the shared driver (driver.cpp, nccl-tests' src/common.cu): a *_perf
-/// program is a descriptor (descriptor.hpp) and one line,
-///   int main(int argc, char** argv) { return perf_main(describe<D>(), argc, argv); }
+/// program is a descriptor (descriptor.hpp) and its entry point (programs.hpp),
+///   int chorus::bench::programs::all_reduce_perf(int argc, char** argv) {
+///     return perf_main(describe<AllReduce>(), argc, argv);
+///   }
 
 #include "coll/common/descriptor.hpp"
+#include "coll/common/programs.hpp"
 
 namespace chorus::bench {
 
