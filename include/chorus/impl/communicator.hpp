@@ -82,6 +82,7 @@ struct Communicator<T>::State {
   std::shared_ptr<std::vector<detail::ErrorNotice>> notices;
   std::vector<Request> notice_recvs;
   std::atomic<bool> aborted{false};
+  std::atomic<bool> spread_done{false};  ///< this rank has told the others of a mismatch
   /// The last collectives this rank ran (worker or caller thread, one at a time), for the
   /// cross-check through the store when a wait stalls.
   std::deque<algo::CollectiveDesc> history;
@@ -142,7 +143,9 @@ struct Communicator<T>::State {
   }
 
   /// Tells every peer about `e` (bounded wait for the messages to leave), then aborts with it.
+  /// Once per communicator: each peer keeps one notice receive posted for this rank.
   void spread(const Error& e) {
+    if (spread_done.exchange(true)) return;
     detail::ErrorNotice n;
     n.code = static_cast<std::uint32_t>(e.code());
     const std::string text = e.what();
@@ -268,8 +271,16 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     algo::Channel<T> ch(
         st.group, desc, st.channel_memory, [&st](const Error& e) { st.spread(e); },
         [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
-    run_algorithm(st, ch, desc, args, choice);
-    ch.finish();
+    try {
+      run_algorithm(st, ch, desc, args, choice);
+      ch.finish();
+    } catch (const Error& e) {
+      // A mismatch that reached this rank from a peer (a failed message, a peer's notice) is told
+      // to every rank as well, and this rank's transport aborted: a rank further along the ring
+      // or tree may be waiting on this one, and must not learn of it only by its timeout.
+      if (e.code() == ErrorCode::mismatch) st.spread(e);
+      throw;
+    }
   };
   if (async) {
     st.exec.submit(task, req);
