@@ -30,10 +30,10 @@
 #include <vector>
 
 #include "chorus/communicator.hpp"
-#include "support/sanitized.hpp"
-#include "support/communicators.hpp"
 #include "chorus/transport/inproc/transport.hpp"
+#include "support/communicators.hpp"
 #include "support/fill.hpp"
+#include "support/sanitized.hpp"
 #include "support/spawn.hpp"
 
 namespace {

@@ -147,8 +147,6 @@ class Channel {
     int staged = -1;  ///< index of its staging buffer (a stamped first message), or -1
     MutableBytes dst;  ///< a receive's buffer (for a staged one: where the data goes once in)
   };
-  /// Called with the mismatch error before it is thrown: the communicator spreads it.
-  using OnMismatch = std::function<void(const Error&)>;
   /// Called while a wait has stalled (every kStallCheck): compares this call with what the other
   /// ranks were doing, by another route (the store), and throws mismatch on a difference. This
   /// catches the mismatches in which no two ranks ever exchange a message (both wait to receive,
@@ -158,12 +156,10 @@ class Channel {
 
   /// `memory`: the communicator's, reused across its calls (they run one at a time); replaced by
   /// a new one when an earlier call left operations pending on it.
-  Channel(const Group<T>& g, CollectiveDesc desc, std::shared_ptr<ChannelMemory>& memory, OnMismatch on_mismatch,
-          OnStall on_stall = {})
+  Channel(const Group<T>& g, CollectiveDesc desc, std::shared_ptr<ChannelMemory>& memory, OnStall on_stall = {})
       : g_(g),
         data_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassData | (desc.seq & kSeqMask)),
         desc_tag_(g.context | chorus::detail::kInternalTagBit | kTagClassDesc | (desc.seq & kSeqMask)),
-        on_mismatch_(std::move(on_mismatch)),
         on_stall_(std::move(on_stall)),
         owner_(memory) {
     stamp_.desc = desc;
@@ -413,7 +409,7 @@ class Channel {
     compare(peer, theirs.desc);
   }
 
-  /// Equal: the peer is checked. Different: mismatch, spread through on_mismatch_, thrown.
+  /// Equal: the peer is checked. Different: mismatch, thrown (the communicator spreads it).
   void compare(int peer, const CollectiveDesc& theirs) {
     if (theirs == stamp_.desc) {
       this->peer(peer).checked = true;
@@ -421,7 +417,6 @@ class Channel {
     }
     Error e(ErrorCode::mismatch, ErrorContext{g_.rank, peer, describe(stamp_.desc)},
             describe_difference(g_.rank, stamp_.desc, peer, theirs));
-    if (on_mismatch_) on_mismatch_(e);
     throw e;
   }
 
@@ -429,7 +424,6 @@ class Channel {
   Stamp stamp_;
   Tag data_tag_;
   Tag desc_tag_;
-  OnMismatch on_mismatch_;
   OnStall on_stall_;
   std::shared_ptr<ChannelMemory>& owner_;  ///< the communicator's handle on mem_
   ChannelMemory* mem_ = nullptr;           ///< null when descriptors are off

@@ -135,9 +135,7 @@ struct Communicator<T>::State {
         algo::CollectiveDesc d;
         std::memcpy(&d, theirs.data() + off, sizeof d);
         if (d.seq != mine.seq || d == mine) continue;
-        Error e(ErrorCode::mismatch, ctx(p, algo::describe(mine)), algo::describe_difference(group.rank, mine, p, d));
-        spread(e);
-        throw e;
+        throw Error(ErrorCode::mismatch, ctx(p, algo::describe(mine)), algo::describe_difference(group.rank, mine, p, d));
       }
     }
   }
@@ -268,16 +266,16 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   auto task = [&st, desc, args, choice] {
     st.history.push_back(desc);
     if (st.history.size() > State::kHistory) st.history.pop_front();
-    algo::Channel<T> ch(
-        st.group, desc, st.channel_memory, [&st](const Error& e) { st.spread(e); },
-        [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
+    algo::Channel<T> ch(st.group, desc, st.channel_memory,
+                        [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
     try {
       run_algorithm(st, ch, desc, args, choice);
       ch.finish();
     } catch (const Error& e) {
-      // A mismatch that reached this rank from a peer (a failed message, a peer's notice) is told
-      // to every rank as well, and this rank's transport aborted: a rank further along the ring
-      // or tree may be waiting on this one, and must not learn of it only by its timeout.
+      // Every mismatch is told to every rank here, and this rank's transport aborted: the one this
+      // rank found (two descriptors compared, on a message or through the store) and the one that
+      // reached it from a peer (a failed message, a notice). A rank further along the ring or
+      // tree may be waiting on this one, and must not learn of it only by its timeout.
       if (e.code() == ErrorCode::mismatch) st.spread(e);
       throw;
     }
