@@ -388,6 +388,7 @@ class Channel {
         }
         if (on_stall_) on_stall_(stamp_.desc);
       }
+      return r.state()->wait_until(deadline);  // throws timeout (the transport aborts) unless done
     }
     r.wait();
   }

@@ -70,10 +70,13 @@ class RequestState {
   }
   /// Waits until done or until the timeout; on timeout runs the on-timeout hook (the transport
   /// aborts, so the buffer is never written after wait() has thrown) and throws timeout.
-  void wait() {
+  void wait() { wait_until(Clock::now() + timeout_); }
+  /// As wait(), for a caller that has already waited part of the timeout (polling with
+  /// wait_for): the deadline is the start of its wait plus timeout().
+  void wait_until(Clock::time_point deadline) {
     {
       std::unique_lock lk(mu_);
-      if (!cv_.wait_for(lk, timeout_, [&] { return done_; })) {
+      if (!cv_.wait_until(lk, deadline, [&] { return done_; })) {
         lk.unlock();
         auto hook = on_timeout_;
         Error e(ErrorCode::timeout, context(),
