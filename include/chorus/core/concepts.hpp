@@ -9,6 +9,7 @@
 /// | l.irecv(bytes, tag) | Request | starts receiving exactly bytes.size bytes sent with that tag;   |
 /// |                     |         | a message of another size fails it with mismatch, and when it   |
 /// |                     |         | was small (eager) its first bytes that fit are written first    |
+/// |                     |         | and its send completes (a large one's send fails as well)       |
 /// Messages with the same tag are matched in posting order on both sides; different tags are
 /// independent (a receive for tag B completes even if a message for tag A waits unmatched).
 /// Completion is driven by the transport's progress engine, never by the caller polling.

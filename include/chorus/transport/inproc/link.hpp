@@ -86,9 +86,15 @@ inline void deliver(Arrival& a, RecvOp& r, Completions& done) {
   }
   auto& z = std::get<RendezvousArrival>(a);
   if (z.src.size != r.dst.size) {
-    // A small message met its receive directly: it counts as eager (see the Link concept).
-    if (z.src.size <= Policy::kEagerBytes) chorus::detail::write_prefix(r.dst, z.src.data, z.src.size);
-    done.fail(z.send_req, ErrorCode::mismatch, size_mismatch(z.src.size, r.dst.size));
+    // A small message that met its receive directly counts as eager (see the Link concept): its
+    // first bytes are written and the send completes, as it would have had it waited copied. A
+    // large one fails on both sides, as a rendezvous does on every transport.
+    if (z.src.size <= Policy::kEagerBytes) {
+      chorus::detail::write_prefix(r.dst, z.src.data, z.src.size);
+      done.ok(z.send_req, z.src.size);
+    } else {
+      done.fail(z.send_req, ErrorCode::mismatch, size_mismatch(z.src.size, r.dst.size));
+    }
     return done.fail(r.req, ErrorCode::mismatch, size_mismatch(z.src.size, r.dst.size));
   }
   if (z.src.size != 0) std::memcpy(r.dst.data, z.src.data, z.src.size);
