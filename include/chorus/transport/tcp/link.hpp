@@ -17,6 +17,7 @@
 /// Threading: isend/irecv may be called from any thread; they post to the progress thread, which
 /// alone touches the socket and the matching state.
 
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -237,11 +238,17 @@ class Link {
       writing_ = false;
       if (failed_) return write_queue_.clear();
       if (ec) return fail(ErrorCode::peer_failure, "write to peer failed: " + ec.message());
-      for (std::size_t i = 0; i < batch_frames_; ++i) {
-        auto f = std::move(write_queue_.front());
+      // Take the written frames off the queue before completing any: a completion may fail this
+      // link (an abort), which clears the queue.
+      std::array<std::pair<detail::ReqPtr, std::size_t>, kMaxBatch> done;
+      const std::size_t k = batch_frames_;
+      for (std::size_t i = 0; i < k; ++i) {
+        auto& f = write_queue_.front();
+        done[i] = {std::move(f.req), f.payload.size};
         write_queue_.pop_front();
-        if (f.req) f.req->complete(f.payload.size);
       }
+      for (std::size_t i = 0; i < k; ++i)
+        if (done[i].first) done[i].first->complete(done[i].second);
       write_next();
     });
   }
