@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <latch>
 #include <optional>
 #include <span>
@@ -309,4 +310,101 @@ TEST_CASE_TEMPLATE("mismatch: scatter roots 0 vs 1", T, Inproc, Tcp) {
         c.scatter(std::span<const float>(in), std::span<float>(out), root);
       },
       "root 0", "root 1");
+}
+
+// ---- how the error travels -------------------------------------------------------------------
+// The cases above cannot choose the order in which ranks find a mismatch and tell each other.
+// These two build the orders that once left a rank waiting (rank 2 of 'all_gather counts 3 vs 5',
+// world 4, timed out while the others got mismatch): a notice that reaches only some ranks, and a
+// rank that learns of the mismatch only from a failed message. In both, a rank that never talks
+// to the one that found the mismatch must still get it within kPrompt.
+
+namespace {
+
+constexpr auto kShortTimeout = 5s;  // a rank left waiting fails by its timeout, well after kPrompt
+
+/// Runs body(comm, rank) on n ranks (threads); every rank but rank 0 must get mismatch within
+/// kPrompt with a message containing `text`.
+template <class Transport, class Body>
+void expect_everyone_told(int n, const std::string& text, const Body& body) {
+  std::latch done(n);
+  chorus::test::ThreadOptions topt;
+  topt.timeout = kShortTimeout;
+  chorus::test::run_threads(
+      n,
+      [&](int rank, chorus::Options o) {
+        struct Arrive {
+          std::latch& l;
+          ~Arrive() { l.count_down(); }
+        };
+        std::optional<chorus::Error> err;
+        long long ms = 0;
+        {
+          std::optional<Arrive> arrive;
+          auto comm = chorus::Communicator<Transport>::create(std::move(o));
+          const auto t0 = Clock::now();
+          try {
+            arrive.emplace(done);
+            body(comm, rank);
+          } catch (const chorus::Error& e) {
+            err = e;
+          }
+          ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+          arrive.reset();
+          done.wait();  // the communicators live until every rank has its verdict
+        }
+        if (rank == 0) return;
+        const std::string who = "rank " + std::to_string(rank) + " (" + std::string(Transport::kName) +
+                                ", world " + std::to_string(n) + "): ";
+        chorus::test::expect(err.has_value(), who + "no error");
+        chorus::test::expect(err->code() == chorus::ErrorCode::mismatch,
+                             who + "expected mismatch, got: " + err->what() + " after " + std::to_string(ms) + " ms");
+        chorus::test::expect(ms < std::chrono::duration_cast<std::chrono::milliseconds>(kPrompt).count(),
+                             who + "took " + std::to_string(ms) + " ms: " + err->what());
+        chorus::test::expect(contains(err->what(), text), who + "the message should contain '" + text + "': " + err->what());
+      },
+      topt);
+}
+
+}  // namespace
+
+// Rank 0 tells only rank 1 (as a rank does whose other notices an abort cut off); ranks 1.. wait
+// on each other, never on rank 0. Rank 1 must tell the others before it aborts: over tcp its
+// abort leaves the connections open (the peers are meant to learn from the notices), so nothing
+// else would wake them.
+TEST_CASE_TEMPLATE("mismatch: a notice that reaches one rank reaches every rank", T, Inproc, Tcp) {
+  const std::string text = "rank 0: test notice (all_reduce vs broadcast)";
+  for (int n : {3, 4}) {
+    CAPTURE(n);
+    expect_everyone_told<T>(n, text, [&text](auto& comm, int rank) {
+      if (rank == 0) {
+        chorus::detail::ErrorNotice notice;
+        notice.code = static_cast<std::uint32_t>(chorus::ErrorCode::mismatch);
+        notice.length = static_cast<std::uint32_t>(text.size());
+        std::memcpy(notice.text, text.data(), text.size());
+        const chorus::Tag tag = chorus::detail::kInternalTagBit | chorus::algo::kTagClassError;  // the world's
+        comm.transport().link(1).isend(chorus::ConstBytes{reinterpret_cast<const std::byte*>(&notice), sizeof notice}, tag).wait();
+        return;
+      }
+      // Ranks 1..n-1 in a ring of receives that nobody sends: only the notice ends them.
+      const int n = comm.size();
+      std::vector<std::byte> buf(8);
+      comm.recv(std::span<std::byte>(buf), rank == n - 1 ? 1 : rank + 1, 7);
+    });
+  }
+}
+
+// Rank 0 aborts with mismatch without telling anyone, as a rank that found a mismatch looks to
+// its inproc peers once a concurrent notice has cut off its own. Ranks 1..3 run a ring
+// all_gather: rank 1 fails on its receive from rank 0, and rank 2, which only waits on rank 1,
+// must hear of it from rank 1.
+TEST_CASE("mismatch: a rank whose message fails with mismatch tells the others") {
+  expect_everyone_told<Inproc>(4, "rank 0 found", [](auto& comm, int rank) {
+    if (rank == 0) {
+      comm.transport().abort(chorus::Error(chorus::ErrorCode::mismatch, "rank 0 found a mismatch (test)"));
+      return;
+    }
+    std::vector<double> in(3, 2.0), out(3 * static_cast<std::size_t>(comm.size()));
+    comm.all_gather(std::span<const double>(in), std::span<double>(out));
+  });
 }

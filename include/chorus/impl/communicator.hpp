@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/direct.hpp"
@@ -34,6 +35,71 @@ struct ErrorNotice {
   char text[kBytes - 8] = {};
 };
 static_assert(sizeof(ErrorNotice) == ErrorNotice::kBytes);
+
+/// Tells every other rank of a group about a mismatch, once per communicator, then aborts this
+/// rank's transport with it. Started by the rank that finds the mismatch and, with the text it
+/// received, by every rank that a notice reaches: each rank that learns tells everyone before its
+/// transport aborts. Without the forwarding a notice could be lost: two ranks that find the
+/// mismatch at once each abort the other through their first notices, and the abort fails the
+/// notices still queued, so a third rank that talks to neither waits on, unaware.
+/// Shared by the communicator and its notice receives' callbacks, which may run after the
+/// communicator is gone, on a progress thread or (inproc) the sending rank's thread: never blocks
+/// there; the transport is aborted by whichever thread completes the last notice.
+template <Transport T>
+class Herald : public std::enable_shared_from_this<Herald<T>> {
+ public:
+  Herald(std::weak_ptr<T> transport, std::vector<int> members, int rank, Tag tag)
+      : transport_(std::move(transport)), members_(std::move(members)), rank_(rank), tag_(tag) {}
+
+  /// Starts telling every peer about `e`; false (nothing done) when this rank already has.
+  bool start(const Error& e) {
+    if (started_.exchange(true)) return false;
+    auto t = transport_.lock();
+    if (!t) return true;
+    notice_.code = static_cast<std::uint32_t>(e.code());
+    const std::string text = e.what();
+    notice_.length = static_cast<std::uint32_t>(std::min(text.size(), sizeof notice_.text));
+    std::memcpy(notice_.text, text.data(), notice_.length);
+    // One count per notice plus one for this loop: the transport aborts once all have left.
+    pending_.store(static_cast<int>(members_.size()));
+    // The error travels as plain data and is made anew by the thread that aborts: no exception
+    // object (its what() string is shared between copies) crosses threads.
+    auto finish = [self = this->shared_from_this(), code = e.code(), text] {
+      if (self->pending_.fetch_sub(1) != 1) return;
+      if (auto tr = self->transport_.lock()) tr->abort(Error::from_text(code, text, self->rank_, -1));
+    };
+    for (int p = 0; p < static_cast<int>(members_.size()); ++p) {
+      if (p == rank_) continue;
+      Request s = t->link(members_[static_cast<std::size_t>(p)])
+                      .isend(ConstBytes{reinterpret_cast<const std::byte*>(&notice_), sizeof notice_}, tag_);
+      sends_.push_back(s);
+      s.state()->then(finish);  // runs at once when the send is already done (or failed)
+    }
+    finish();
+    return true;
+  }
+
+  /// After a start() that returned true: waits until every notice has left or failed (each bound
+  /// by the timeout); the transport has then been aborted.
+  void wait() {
+    for (auto& s : sends_) {
+      try {
+        s.wait();
+      } catch (...) {  // that peer is gone already
+      }
+    }
+  }
+
+ private:
+  std::weak_ptr<T> transport_;
+  std::vector<int> members_;  ///< group rank -> transport rank
+  int rank_;
+  Tag tag_;
+  std::atomic<bool> started_{false};
+  std::atomic<int> pending_{0};
+  ErrorNotice notice_;          ///< sent from here to every peer
+  std::vector<Request> sends_;  ///< written by start() only, read by wait() on the same thread
+};
 
 inline void check_p2p_args(int rank, int size, int peer, int tag, const char* verb) {
   if (peer < 0 || peer >= size)
@@ -81,8 +147,8 @@ struct Communicator<T>::State {
   /// still posted in a shared link when this communicator is gone keeps its buffer alive.
   std::shared_ptr<std::vector<detail::ErrorNotice>> notices;
   std::vector<Request> notice_recvs;
+  std::shared_ptr<detail::Herald<T>> herald;  ///< tells the others of a mismatch (set with the notices)
   std::atomic<bool> aborted{false};
-  std::atomic<bool> spread_done{false};  ///< this rank has told the others of a mismatch
   /// The last collectives this rank ran (worker or caller thread, one at a time), for the
   /// cross-check through the store when a wait stalls.
   std::deque<algo::CollectiveDesc> history;
@@ -93,25 +159,25 @@ struct Communicator<T>::State {
 
   Tag error_tag() const { return group.context | detail::kInternalTagBit | algo::kTagClassError; }
 
-  /// Posts the receives that learn of a mismatch another rank detected.
+  /// Posts the receives that learn of a mismatch another rank detected. A notice that arrives is
+  /// told on to every rank (the Herald), which then aborts this rank's transport.
   void watch_for_errors() {
     const int n = group.size();
+    herald = std::make_shared<detail::Herald<T>>(transport, group.members, group.rank, error_tag());
     notices = std::make_shared<std::vector<detail::ErrorNotice>>(static_cast<std::size_t>(n));
     for (int p = 0; p < n; ++p) {
       if (p == group.rank) continue;
       auto* notice = &(*notices)[p];
       Request r = group.transport->link(group.members[p]).irecv(
           MutableBytes{reinterpret_cast<std::byte*>(notice), sizeof(detail::ErrorNotice)}, error_tag());
-      std::weak_ptr<T> weak = transport;
       const int me = group.rank;
-      r.state()->then([weak, notice, me, keep = notices, st = std::weak_ptr<detail::RequestState>(r.state())] {
+      r.state()->then([h = herald, notice, me, keep = notices, st = std::weak_ptr<detail::RequestState>(r.state())] {
         auto s = st.lock();
-        auto t = weak.lock();
-        if (!s || !t || s->failed()) return;  // the link closed: nothing was reported
+        if (!s || s->failed()) return;  // the link closed: nothing was reported
         const std::size_t len = std::min<std::size_t>(notice->length, sizeof notice->text);
         const std::string text(notice->text, len);
         detail::log(detail::LogLevel::info, me, "a peer reported: ", text);
-        t->abort(Error::from_text(static_cast<ErrorCode>(notice->code), text, me, -1));
+        h->start(Error::from_text(static_cast<ErrorCode>(notice->code), text, me, -1));
       });
       notice_recvs.push_back(std::move(r));
     }
@@ -140,27 +206,13 @@ struct Communicator<T>::State {
     }
   }
 
-  /// Tells every peer about `e` (bounded wait for the messages to leave), then aborts with it.
-  /// Once per communicator: each peer keeps one notice receive posted for this rank.
+  /// Tells every peer about `e`, then aborts with it (see Herald). When this rank is already
+  /// telling them (a notice reached it first), returns at once: that herald aborts the transport
+  /// once its notices have left, and aborting here would cut them off.
   void spread(const Error& e) {
-    if (spread_done.exchange(true)) return;
-    detail::ErrorNotice n;
-    n.code = static_cast<std::uint32_t>(e.code());
-    const std::string text = e.what();
-    n.length = static_cast<std::uint32_t>(std::min(text.size(), sizeof n.text));
-    std::memcpy(n.text, text.data(), n.length);
-    std::vector<Request> sends;
-    for (int p = 0; p < group.size(); ++p)
-      if (p != group.rank)
-        sends.push_back(group.transport->link(group.members[p]).isend(
-            ConstBytes{reinterpret_cast<const std::byte*>(&n), sizeof n}, error_tag()));
-    for (auto& s : sends) {
-      try {
-        s.wait();
-      } catch (...) {  // that peer is gone already
-      }
-    }
-    transport->abort(e);
+    if (!herald->start(e)) return;
+    herald->wait();
+    transport->abort(e);  // done already by the last notice's completion; idempotent
   }
 };
 
