@@ -12,6 +12,9 @@
 #include "chorus/transport/inproc/transport.hpp"
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/collective/ are compiled together (unity build).
+namespace collective_test_algorithms {
+
 using chorus::test::expect;
 using Comm = chorus::Communicator<chorus::inproc::Transport>;
 
@@ -62,3 +65,5 @@ TEST_CASE("broadcast and reduce with each algorithm, every root, uneven counts")
     }
   }
 }
+
+}  // namespace collective_test_algorithms

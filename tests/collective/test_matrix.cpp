@@ -36,6 +36,9 @@
 #include "support/sanitized.hpp"
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/collective/ are compiled together (unity build).
+namespace collective_test_matrix {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -722,3 +725,5 @@ CHORUS_MATRIX_CASES(3)
 CHORUS_MATRIX_CASES(4)
 CHORUS_MATRIX_CASES(5)
 CHORUS_MATRIX_CASES(8)
+
+}  // namespace collective_test_matrix

@@ -24,6 +24,9 @@
 #include "chorus/transport/tcp/transport.hpp"
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/collective/ are compiled together (unity build).
+namespace collective_test_mismatch {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -120,8 +123,6 @@ using Tcp = chorus::tcp::Transport;
 
 }  // namespace
 
-TYPE_TO_STRING(Inproc);
-TYPE_TO_STRING(Tcp);
 
 // ---- different collectives ----------------------------------------------------------------------
 
@@ -408,3 +409,5 @@ TEST_CASE("mismatch: a rank whose message fails with mismatch tells the others")
     comm.all_gather(std::span<const double>(in), std::span<double>(out));
   });
 }
+
+}  // namespace collective_test_mismatch

@@ -27,6 +27,9 @@
 #include "support/fill.hpp"
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/collective/ are compiled together (unity build).
+namespace collective_test_split_async {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -104,8 +107,6 @@ std::thread start(F f, std::exception_ptr& error) {
 
 }  // namespace
 
-TYPE_TO_STRING(Inproc);
-TYPE_TO_STRING(Tcp);
 
 // ---- split ----------------------------------------------------------------------------------
 
@@ -391,3 +392,5 @@ TEST_CASE_TEMPLATE("async: a blocking call right after an async one", T, Inproc,
     }
   });
 }
+
+}  // namespace collective_test_split_async

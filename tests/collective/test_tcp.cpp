@@ -23,6 +23,9 @@
 #include "support/sanitized.hpp"
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/collective/ are compiled together (unity build).
+namespace collective_test_tcp {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -332,3 +335,5 @@ TEST_CASE("shm processes: every collective world 2") { collectives<ShmComm>(2); 
 TEST_CASE("shm processes: every collective world 3") { collectives<ShmComm>(3); }
 TEST_CASE("shm processes: forced algorithms world 3") { algorithms<ShmComm>(3); }
 TEST_CASE("auto processes: every collective world 4") { collectives<AutoComm>(4); }
+
+}  // namespace collective_test_tcp

@@ -35,6 +35,9 @@
 #include "support/communicators.hpp"  // Communicator<inproc>, <tcp>: instantiated once, in the test main
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/sgd/ are compiled together (unity build).
+namespace sgd_test_sgd {
+
 namespace {
 
 using chorus::DataType;
@@ -598,3 +601,5 @@ TEST_CASE("fashion-mnist reader: well-formed, malformed, truncated, corrupt and 
 }
 
 }  // namespace
+
+}  // namespace sgd_test_sgd

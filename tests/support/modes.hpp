@@ -2,6 +2,8 @@
 /// How the ranks of a transport test run: the transport, and threads or processes. Test cases are
 /// templated on these (TEST_CASE_TEMPLATE), so each runs in every mode.
 
+#include <doctest/doctest.h>
+
 #include "support/communicators.hpp"
 
 namespace chorus::test {
@@ -34,3 +36,12 @@ struct AutoProcesses {
 };
 
 }  // namespace chorus::test
+
+// The names the test cases show for the modes (one place: the files of a folder are compiled
+// together, see cmake/ChorusTesting.cmake).
+TYPE_TO_STRING_AS("InprocThreads", chorus::test::InprocThreads);
+TYPE_TO_STRING_AS("TcpThreads", chorus::test::TcpThreads);
+TYPE_TO_STRING_AS("TcpProcesses", chorus::test::TcpProcesses);
+TYPE_TO_STRING_AS("ShmThreads", chorus::test::ShmThreads);
+TYPE_TO_STRING_AS("ShmProcesses", chorus::test::ShmProcesses);
+TYPE_TO_STRING_AS("AutoProcesses", chorus::test::AutoProcesses);

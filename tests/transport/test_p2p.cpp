@@ -24,6 +24,9 @@
 #include "support/sanitized.hpp"
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/transport/ are compiled together (unity build).
+namespace transport_test_p2p {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -105,10 +108,6 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 }  // namespace
 
-TYPE_TO_STRING(InprocThreads);
-TYPE_TO_STRING(TcpThreads);
-TYPE_TO_STRING(TcpProcesses);
-TYPE_TO_STRING(ShmProcesses);
 
 // Every rank isends to every other rank and irecvs from every other rank at once, several
 // messages per pair on one tag (so they must match in posting order), sizes 0, 1, 7, 1000003.
@@ -429,3 +428,5 @@ TEST_CASE("p2p: hundreds of MiB each way between two tcp processes") {
     check(in, seed_of(peer, r, 0, 256), "rank " + std::to_string(r) + ": the large message from " + std::to_string(peer));
   });
 }
+
+}  // namespace transport_test_p2p

@@ -27,6 +27,9 @@
 #include "support/modes.hpp"
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/transport/ are compiled together (unity build).
+namespace transport_test_peer_failure {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -88,10 +91,6 @@ std::size_t resident_bytes() {
 
 }  // namespace
 
-TYPE_TO_STRING(InprocThreads);
-TYPE_TO_STRING(TcpThreads);
-TYPE_TO_STRING(TcpProcesses);
-TYPE_TO_STRING(ShmProcesses);
 
 // Rank 0 posts a 256 MiB receive; rank 1 starts sending 256 MiB and is killed while the bytes flow:
 // rank 0's receive, partly written, must fail with peer_failure.
@@ -211,3 +210,5 @@ TEST_CASE_TEMPLATE("peer failure: one of three ranks killed", M, TcpProcesses, S
       },
       process_options({2}));
 }
+
+}  // namespace transport_test_peer_failure

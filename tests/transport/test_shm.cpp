@@ -30,6 +30,9 @@
 #include "support/communicators.hpp"
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/transport/ are compiled together (unity build).
+namespace transport_test_shm {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -345,3 +348,5 @@ TEST_CASE("auto: every rank on this host uses shm") {
     expect_eq(v[0], 3.0f, "sum");
   }, process_options());
 }
+
+}  // namespace transport_test_shm

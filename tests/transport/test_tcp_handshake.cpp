@@ -14,6 +14,9 @@
 #include "chorus/detail/asio.hpp"
 #include "support/spawn.hpp"
 
+// This file's own names: the files of tests/transport/ are compiled together (unity build).
+namespace transport_test_tcp_handshake {
+
 using namespace std::chrono_literals;
 namespace asio = chorus::detail::asio;
 using chorus::detail::asio_tcp;
@@ -126,3 +129,5 @@ TEST_CASE("tcp links over IPv6 loopback") {
         for (int p = 0; p < 3; ++p) expect(all[p * 1000] == p && all[p * 1000 + 999] == p, "all_gather over IPv6");
       });
 }
+
+}  // namespace transport_test_tcp_handshake

@@ -6,6 +6,9 @@
 #include <map>
 #include <string>
 
+// This file's own names: the files of tests/unit/ are compiled together (unity build).
+namespace unit_test_launch_env {
+
 using chorus::detect_launch;
 using chorus::Error;
 using chorus::ErrorCode;
@@ -158,3 +161,5 @@ TEST_CASE("the process environment overload") {
   // Whatever this test runs under, it must not throw on a clean or a launcher environment.
   CHECK_NOTHROW(detect_launch());
 }
+
+}  // namespace unit_test_launch_env

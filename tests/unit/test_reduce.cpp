@@ -11,6 +11,9 @@
 
 #include "chorus/reduce/host.hpp"
 
+// This file's own names: the files of tests/unit/ are compiled together (unity build).
+namespace unit_test_reduce {
+
 // The references here are written independently of reduce/ops.hpp:
 //   integers: computed in int64/uint64 and wrapped explicitly (mask, then sign-extend), 64-bit
 //             products from 32-bit halves;
@@ -676,3 +679,5 @@ TEST_CASE("vectorisable float16 conversions are the types.hpp ones") {
   }
   CHECK(bad == 0);
 }
+
+}  // namespace unit_test_reduce

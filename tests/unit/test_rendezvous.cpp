@@ -14,6 +14,9 @@
 #include <thread>
 #include <vector>
 
+// This file's own names: the files of tests/unit/ are compiled together (unity build).
+namespace unit_test_rendezvous {
+
 using namespace std::chrono_literals;
 using chorus::Bootstrap;
 using chorus::Error;
@@ -361,3 +364,5 @@ TEST_CASE("ranks that disagree on the world size, and a missing rank 0") {
   what = error_text([&] { chorus::rendezvous(lonely); }, ErrorCode::timeout);
   CHECK(what.find("rank 0 did not publish the job nonce") != std::string::npos);
 }
+
+}  // namespace unit_test_rendezvous

@@ -25,6 +25,9 @@
 #include "chorus/bootstrap/file_store.hpp"
 #include "chorus/bootstrap/handshake.hpp"
 
+// This file's own names: the files of tests/unit/ are compiled together (unity build).
+namespace unit_test_store {
+
 using namespace std::chrono_literals;
 using chorus::Error;
 using chorus::ErrorCode;
@@ -684,3 +687,5 @@ TEST_CASE("FileStore: torn tail and foreign files") {
   CHECK(error_code_of([&] { chorus::FileStore f(foreign, 1s); }) == ErrorCode::invalid_argument);
   CHECK(error_code_of([&] { chorus::FileStore f(dir.path + "/no/such/dir/store", 1s); }) == ErrorCode::system);
 }
+
+}  // namespace unit_test_store

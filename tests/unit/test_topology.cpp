@@ -11,6 +11,9 @@
 #include <cstdint>
 #include <vector>
 
+// This file's own names: the files of tests/unit/ are compiled together (unity build).
+namespace unit_test_topology {
+
 namespace t = chorus::topology;
 
 namespace {
@@ -533,3 +536,5 @@ TEST_CASE("dissemination: every rank hears from all after ceil(log2 n) rounds, n
     for (int r = 0; r < n; ++r) CHECK(heard[r] == all_ranks(n));
   }
 }
+
+}  // namespace unit_test_topology

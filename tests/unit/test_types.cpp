@@ -16,6 +16,9 @@
 #include <immintrin.h>
 #endif
 
+// This file's own names: the files of tests/unit/ are compiled together (unity build).
+namespace unit_test_types {
+
 // References used here are independent of the code under test:
 //   float16:  the compiler's _Float16 (g++: libgcc soft-fp) and the x86 F16C instructions, both
 //             IEEE round to nearest even (F16C runs the big sweep, for speed); a long-double "pick
@@ -608,3 +611,5 @@ TEST_CASE("ReduceOp: names and parsing") {
   }
   CHECK(chorus::to_string(static_cast<ReduceOp>(42)) == "unknown");
 }
+
+}  // namespace unit_test_types
