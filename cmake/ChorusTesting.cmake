@@ -1,10 +1,14 @@
 # Test conventions (used by tests/CMakeLists.txt):
 #
-#   tests/<dir>/test_<name>.cpp  ->  executable <dir>_test_<name>, linked with chorus::chorus, the
+#   tests/<dir>/test_*.cpp       ->  one executable <dir>_tests, linked with chorus::chorus, the
 #                                    shared doctest main and doctest; tests/ is on its include path
-#                                    (#include "support/spawn.hpp").
+#                                    (#include "support/spawn.hpp"). Its files are compiled as a
+#                                    unity build, CHORUS_TEST_UNITY_BATCH files per translation unit
+#                                    (the headers, which cost most of a small test file, are parsed
+#                                    once per batch), so each file keeps its names in a namespace
+#                                    of its own (<dir>_<stem>). tests/cuda: one executable per file.
 #   each doctest TEST_CASE       ->  one ctest test "<dir>.<case name>", LABELS <dir>, TIMEOUT 300.
-#   all executables of a <dir>   ->  aggregate target chorus_tests_<dir> (build one label alone).
+#   the executables of a <dir>   ->  aggregate target chorus_tests_<dir> (build one label alone).
 #
 # Tests that run ranks as processes re-run their own executable, so nothing else is registered.
 # A test that exits with 77 is reported as skipped (no GPU, no RDMA device, not root, ...).
@@ -47,14 +51,19 @@ function(chorus_discover_doctests target)
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include_file}")
 endfunction()
 
-# chorus_add_test_executable(<dir> <source> [LINK <targets>...])
-function(chorus_add_test_executable dir source)
-  cmake_parse_arguments(PARSE_ARGV 2 arg "" "" "LINK")
-  get_filename_component(stem "${source}" NAME_WE)
-  set(target "${dir}_${stem}")
-  add_executable(${target} "${source}")
+set(CHORUS_TEST_UNITY_BATCH 3 CACHE STRING
+    "test files per translation unit (unity build); 1 compiles each file on its own")
+
+# chorus_add_test_executable(<dir> <target> SOURCES <files>... [LINK <targets>...])
+function(chorus_add_test_executable dir target)
+  cmake_parse_arguments(PARSE_ARGV 2 arg "" "" "SOURCES;LINK")
+  add_executable(${target} ${arg_SOURCES})
   target_link_libraries(${target} PRIVATE chorus::chorus chorus_test_main chorus_project_options ${arg_LINK})
   set_target_properties(${target} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}/${dir}")
+  list(LENGTH arg_SOURCES n)
+  if(n GREATER 1 AND CHORUS_TEST_UNITY_BATCH GREATER 1)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${CHORUS_TEST_UNITY_BATCH})
+  endif()
   chorus_discover_doctests(${target} PREFIX "${dir}." LABEL "${dir}"
                            WORKING_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}/${dir}")
   if(NOT TARGET chorus_tests_${dir})
@@ -63,10 +72,11 @@ function(chorus_add_test_executable dir source)
   add_dependencies(chorus_tests_${dir} ${target})
 endfunction()
 
-# chorus_add_test_dir(<dir> [PATTERNS <globs>...] [LINK <targets>...]): every tests/<dir>/test_*.cpp
-# (or the given patterns) becomes a test executable. A missing or empty folder adds nothing.
+# chorus_add_test_dir(<dir> [PER_FILE] [PATTERNS <globs>...] [LINK <targets>...]): the files
+# tests/<dir>/test_*.cpp (or the given patterns) make one test executable, <dir>_tests; with
+# PER_FILE, one executable <dir>_<stem> each. A missing or empty folder adds nothing.
 function(chorus_add_test_dir dir)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "PATTERNS;LINK")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "PER_FILE" "" "PATTERNS;LINK")
   if(NOT arg_PATTERNS)
     set(arg_PATTERNS "test_*.cpp")
   endif()
@@ -80,9 +90,15 @@ function(chorus_add_test_dir dir)
   if(NOT TARGET chorus_tests_${dir})
     add_custom_target(chorus_tests_${dir})   # exists even when the folder is empty
   endif()
-  foreach(source IN LISTS sources)
-    chorus_add_test_executable(${dir} "${source}" LINK ${arg_LINK})
-  endforeach()
   list(LENGTH sources n)
-  message(STATUS "chorus tests: ${dir}: ${n} executable(s)")
+  if(n EQUAL 0)
+  elseif(arg_PER_FILE)
+    foreach(source IN LISTS sources)
+      get_filename_component(stem "${source}" NAME_WE)
+      chorus_add_test_executable(${dir} ${dir}_${stem} SOURCES "${source}" LINK ${arg_LINK})
+    endforeach()
+  else()
+    chorus_add_test_executable(${dir} ${dir}_tests SOURCES ${sources} LINK ${arg_LINK})
+  endif()
+  message(STATUS "chorus tests: ${dir}: ${n} file(s)")
 endfunction()
