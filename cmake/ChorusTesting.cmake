@@ -4,9 +4,10 @@
 #                                    shared doctest main and doctest; tests/ is on its include path
 #                                    (#include "support/spawn.hpp"). Its files are compiled as a
 #                                    unity build, CHORUS_TEST_UNITY_BATCH files per translation unit
-#                                    (the headers, which cost most of a small test file, are parsed
-#                                    once per batch), so each file keeps its names in a namespace
-#                                    of its own (<dir>_<stem>). tests/cuda: one executable per file.
+#                                    (default 8: a whole folder; the headers, which cost most of a
+#                                    small test file, are parsed once per batch), so each file keeps
+#                                    its names in a namespace of its own (<dir>_<stem>). tests/cuda:
+#                                    one executable per file.
 #   each doctest TEST_CASE       ->  one ctest test "<dir>.<case name>", LABELS <dir>, TIMEOUT 300.
 #   the executables of a <dir>   ->  aggregate target chorus_tests_<dir> (build one label alone).
 #
@@ -51,7 +52,7 @@ function(chorus_discover_doctests target)
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include_file}")
 endfunction()
 
-set(CHORUS_TEST_UNITY_BATCH 3 CACHE STRING
+set(CHORUS_TEST_UNITY_BATCH 8 CACHE STRING
     "test files per translation unit (unity build); 1 compiles each file on its own")
 
 # chorus_add_test_executable(<dir> <target> SOURCES <files>... [LINK <targets>...])
