@@ -11,7 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstring>
+#include <initializer_list>
 #include <latch>
 #include <optional>
 #include <span>
@@ -39,71 +39,90 @@ constexpr int kWorldSizes[] = {2, 3, 4};
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+/// What one rank ended with: its error, if any, how long it took, and the call that raised it.
+struct Verdict {
+  std::optional<chorus::Error> err;
+  long long ms = 0;
+  std::string from;
+};
+
+/// Runs body(comm, rank, verdict.from) on n ranks (threads, one communicator each, created with
+/// `algorithm`), timed from the communicator's creation, then judge(rank, verdict) on each rank.
+/// The communicators live until every rank has its verdict; a rank that throws, even from
+/// create(), still arrives, so no rank waits on another for ever.
+template <class Transport, class Body, class Judge>
+void run_ranks(int n, std::chrono::seconds timeout, const std::string& algorithm, const Body& body,
+               const Judge& judge) {
+  std::latch done(n);
+  chorus::test::ThreadOptions topt;
+  topt.timeout = timeout;
+  chorus::test::run_threads(
+      n,
+      [&](int rank, chorus::Options o) {
+        Verdict v;
+        {
+          struct Arrive {
+            std::latch& l;
+            ~Arrive() { l.count_down(); }
+          };
+          std::optional<Arrive> arrive(std::in_place, done);
+          o.algorithm = algorithm;
+          auto comm = chorus::Communicator<Transport>::create(std::move(o));
+          const auto t0 = Clock::now();
+          try {
+            body(comm, rank, v.from);
+          } catch (const chorus::Error& e) {
+            v.err = e;
+          }
+          v.ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+          arrive.reset();
+          done.wait();
+        }
+        judge(rank, v);
+      },
+      topt);
+}
+
+/// Throws unless `v` is a mismatch that surfaced within kPrompt with every one of `parts` in its
+/// message. `who` starts each failure's text.
+void expect_prompt_mismatch(const std::string& who, const Verdict& v, std::initializer_list<std::string> parts) {
+  const std::string from = " (from " + v.from + ")";
+  chorus::test::expect(v.err.has_value(), who + "no error" + from);
+  const std::string msg = v.err->what();
+  chorus::test::expect(v.err->code() == chorus::ErrorCode::mismatch, who + "expected a mismatch error, got: " + msg +
+                                                                         from + ", after " + std::to_string(v.ms) + " ms");
+  chorus::test::expect(v.ms < std::chrono::duration_cast<std::chrono::milliseconds>(kPrompt).count(),
+                       who + "the mismatch took " + std::to_string(v.ms) + " ms to surface" + from + ": " + msg);
+  for (const auto& part : parts)
+    chorus::test::expect(contains(msg, part), who + "the message should name '" + part + "': " + msg);
+}
+
 /// Runs `call(comm, odd)` on every rank of a world of n (odd: the last rank) and checks that
 /// every rank gets mismatch within kPrompt, from the call or from a barrier right after it, with
 /// a message containing both `a` (what the others called) and `b` (what the odd rank called).
 template <class Transport, class Call>
 void expect_mismatch(int n, const Call& call, const std::string& a, const std::string& b,
                      const std::string& algorithm) {
-  std::latch done(n);  // communicators live until every rank has its verdict
-  chorus::test::ThreadOptions topt;
-  topt.timeout = kTimeout;
   const std::string where = std::string("(") + std::string(Transport::kName) + ", world " +
                             std::to_string(n) + (algorithm.empty() ? "" : ", " + algorithm) + ")";
-  chorus::test::run_threads(
-      n,
-      [&](int rank, chorus::Options o) {
-        bool arrived = false;
-        auto arrive = [&] {
-          if (!arrived) {
-            arrived = true;
-            done.count_down();
-          }
-        };
-        struct Guard {
-          decltype(arrive)& f;
-          ~Guard() { f(); }
-        } guard{arrive};
-        o.algorithm = algorithm;
-        auto comm = chorus::Communicator<Transport>::create(std::move(o));
-        const bool odd = rank == n - 1;
-        std::optional<chorus::Error> err;
-        std::string from;
-        const auto t0 = Clock::now();
+  run_ranks<Transport>(
+      n, kTimeout, algorithm,
+      [&](auto& comm, int rank, std::string& from) {
         // One matched collective first. A rank still finishing it when the others have already
         // met the mismatch may get the error here (the communicator is aborted): that counts.
-        try {
-          from = "the matched all_reduce before the mismatched call";
-          std::vector<float> warm(4, 1.0f);
-          comm.all_reduce(std::span<float>(warm), ReduceOp::sum);
-          chorus::test::expect(warm[0] == static_cast<float>(n),
-                               "the matched all_reduce before the mismatch " + where);
-          from = "the mismatched call";
-          call(comm, odd);
-          from = "the barrier after the mismatched call (which returned)";
-          comm.barrier();
-        } catch (const chorus::Error& e) {
-          err = e;
-        }
-        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-        arrive();
-        done.wait();
-
-        const std::string who =
-            "rank " + std::to_string(rank) + (odd ? " (the odd one) " : " ") + where + ": ";
-        chorus::test::expect(err.has_value(),
-                             who + "no error: the mismatched call and a barrier after it both returned");
-        const std::string msg = err->what();
-        chorus::test::expect(err->code() == chorus::ErrorCode::mismatch,
-                             who + "expected a mismatch error, got: " + msg + " (from " + from + ", after " +
-                                 std::to_string(ms) + " ms)");
-        chorus::test::expect(
-            ms < std::chrono::duration_cast<std::chrono::milliseconds>(kPrompt).count(),
-            who + "the mismatch took " + std::to_string(ms) + " ms to surface (from " + from + "): " + msg);
-        chorus::test::expect(contains(msg, a) && contains(msg, b),
-                             who + "the message should name both '" + a + "' and '" + b + "': " + msg);
+        from = "the matched all_reduce before the mismatched call";
+        std::vector<float> warm(4, 1.0f);
+        comm.all_reduce(std::span<float>(warm), ReduceOp::sum);
+        chorus::test::expect(warm[0] == static_cast<float>(n), "the matched all_reduce before the mismatch " + where);
+        from = "the mismatched call";
+        call(comm, rank == n - 1);
+        from = "the barrier after the mismatched call (which returned)";
+        comm.barrier();
       },
-      topt);
+      [&](int rank, const Verdict& v) {
+        expect_prompt_mismatch("rank " + std::to_string(rank) + (rank == n - 1 ? " (the odd one) " : " ") + where + ": ",
+                               v, {a, b});
+      });
 }
 
 /// Every world size (and, for some, forced algorithms as well as the default).
@@ -122,7 +141,6 @@ using Inproc = chorus::inproc::Transport;
 using Tcp = chorus::tcp::Transport;
 
 }  // namespace
-
 
 // ---- different collectives ----------------------------------------------------------------------
 
@@ -324,47 +342,22 @@ namespace {
 
 constexpr auto kShortTimeout = 5s;  // a rank left waiting fails by its timeout, well after kPrompt
 
-/// Runs body(comm, rank) on n ranks (threads); every rank but rank 0 must get mismatch within
-/// kPrompt with a message containing `text`.
+/// Runs body(comm, rank) on n ranks; every rank but rank 0 must get mismatch within kPrompt with
+/// a message containing `text`.
 template <class Transport, class Body>
 void expect_everyone_told(int n, const std::string& text, const Body& body) {
-  std::latch done(n);
-  chorus::test::ThreadOptions topt;
-  topt.timeout = kShortTimeout;
-  chorus::test::run_threads(
-      n,
-      [&](int rank, chorus::Options o) {
-        struct Arrive {
-          std::latch& l;
-          ~Arrive() { l.count_down(); }
-        };
-        std::optional<chorus::Error> err;
-        long long ms = 0;
-        {
-          std::optional<Arrive> arrive;
-          auto comm = chorus::Communicator<Transport>::create(std::move(o));
-          const auto t0 = Clock::now();
-          try {
-            arrive.emplace(done);
-            body(comm, rank);
-          } catch (const chorus::Error& e) {
-            err = e;
-          }
-          ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-          arrive.reset();
-          done.wait();  // the communicators live until every rank has its verdict
-        }
-        if (rank == 0) return;
-        const std::string who = "rank " + std::to_string(rank) + " (" + std::string(Transport::kName) +
-                                ", world " + std::to_string(n) + "): ";
-        chorus::test::expect(err.has_value(), who + "no error");
-        chorus::test::expect(err->code() == chorus::ErrorCode::mismatch,
-                             who + "expected mismatch, got: " + err->what() + " after " + std::to_string(ms) + " ms");
-        chorus::test::expect(ms < std::chrono::duration_cast<std::chrono::milliseconds>(kPrompt).count(),
-                             who + "took " + std::to_string(ms) + " ms: " + err->what());
-        chorus::test::expect(contains(err->what(), text), who + "the message should contain '" + text + "': " + err->what());
+  run_ranks<Transport>(
+      n, kShortTimeout, "",
+      [&](auto& comm, int rank, std::string& from) {
+        from = "the test's calls";
+        body(comm, rank);
       },
-      topt);
+      [&](int rank, const Verdict& v) {
+        if (rank == 0) return;
+        expect_prompt_mismatch("rank " + std::to_string(rank) + " (" + std::string(Transport::kName) + ", world " +
+                                   std::to_string(n) + "): ",
+                               v, {text});
+      });
 }
 
 }  // namespace
@@ -379,11 +372,8 @@ TEST_CASE_TEMPLATE("mismatch: a notice that reaches one rank reaches every rank"
     CAPTURE(n);
     expect_everyone_told<T>(n, text, [&text](auto& comm, int rank) {
       if (rank == 0) {
-        chorus::detail::ErrorNotice notice;
-        notice.code = static_cast<std::uint32_t>(chorus::ErrorCode::mismatch);
-        notice.length = static_cast<std::uint32_t>(text.size());
-        std::memcpy(notice.text, text.data(), text.size());
-        const chorus::Tag tag = chorus::detail::kInternalTagBit | chorus::algo::kTagClassError;  // the world's
+        const auto notice = chorus::detail::ErrorNotice::of(chorus::ErrorCode::mismatch, text);
+        const chorus::Tag tag = chorus::detail::error_tag(0);  // the world communicator's (context 0)
         comm.transport().link(1).isend(chorus::ConstBytes{reinterpret_cast<const std::byte*>(&notice), sizeof notice}, tag).wait();
         return;
       }

@@ -107,7 +107,6 @@ std::thread start(F f, std::exception_ptr& error) {
 
 }  // namespace
 
-
 // ---- split ----------------------------------------------------------------------------------
 
 TEST_CASE_TEMPLATE("split: the halves run different collectives at the same time", T, Inproc, Tcp) {

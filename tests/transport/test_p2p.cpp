@@ -108,7 +108,6 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 }  // namespace
 
-
 // Every rank isends to every other rank and irecvs from every other rank at once, several
 // messages per pair on one tag (so they must match in posting order), sizes 0, 1, 7, 1000003.
 // Even ranks post their sends first, odd ranks their receives first.

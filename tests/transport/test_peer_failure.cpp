@@ -91,7 +91,6 @@ std::size_t resident_bytes() {
 
 }  // namespace
 
-
 // Rank 0 posts a 256 MiB receive; rank 1 starts sending 256 MiB and is killed while the bytes flow:
 // rank 0's receive, partly written, must fail with peer_failure.
 //

@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -27,14 +28,28 @@ namespace chorus {
 namespace detail {
 
 /// How a rank that detects a collective mismatch tells the others: a fixed-size message on the
-/// group's error tag, which every rank keeps a receive posted for.
+/// group's error tag (error_tag()), which every rank keeps a receive posted for.
 struct ErrorNotice {
   static constexpr std::size_t kBytes = 1024;
   std::uint32_t code = 0;
   std::uint32_t length = 0;
   char text[kBytes - 8] = {};
+
+  /// A notice of an error with this code and text (cut to fit).
+  static ErrorNotice of(ErrorCode c, std::string_view what) {
+    ErrorNotice n;
+    n.code = static_cast<std::uint32_t>(c);
+    n.length = static_cast<std::uint32_t>(std::min(what.size(), sizeof n.text));
+    std::memcpy(n.text, what.data(), n.length);
+    return n;
+  }
+  /// The text it carries (never read past the buffer, whatever `length` says).
+  std::string message() const { return std::string(text, std::min<std::size_t>(length, sizeof text)); }
 };
 static_assert(sizeof(ErrorNotice) == ErrorNotice::kBytes);
+
+/// The tag of a group's error notices (`context`: the group's high tag bits).
+inline Tag error_tag(Tag context) { return context | kInternalTagBit | algo::kTagClassError; }
 
 /// Tells every other rank of a group about a mismatch, once per communicator, then aborts this
 /// rank's transport with it. Started by the rank that finds the mismatch and, with the text it
@@ -56,10 +71,8 @@ class Herald : public std::enable_shared_from_this<Herald<T>> {
     if (started_.exchange(true)) return false;
     auto t = transport_.lock();
     if (!t) return true;
-    notice_.code = static_cast<std::uint32_t>(e.code());
     const std::string text = e.what();
-    notice_.length = static_cast<std::uint32_t>(std::min(text.size(), sizeof notice_.text));
-    std::memcpy(notice_.text, text.data(), notice_.length);
+    notice_ = ErrorNotice::of(e.code(), text);
     // One count per notice plus one for this loop: the transport aborts once all have left.
     pending_.store(static_cast<int>(members_.size()));
     // The error travels as plain data and is made anew by the thread that aborts: no exception
@@ -80,7 +93,8 @@ class Herald : public std::enable_shared_from_this<Herald<T>> {
   }
 
   /// After a start() that returned true: waits until every notice has left or failed (each bound
-  /// by the timeout); the transport has then been aborted.
+  /// by the timeout). The last one's completion aborts the transport, possibly a moment after
+  /// this returns (a request wakes its waiter before it runs its callback).
   void wait() {
     for (auto& s : sends_) {
       try {
@@ -157,7 +171,7 @@ struct Communicator<T>::State {
 
   ErrorContext ctx(int peer, std::string op) const { return {group.rank, peer, std::move(op)}; }
 
-  Tag error_tag() const { return group.context | detail::kInternalTagBit | algo::kTagClassError; }
+  Tag error_tag() const { return detail::error_tag(group.context); }
 
   /// Posts the receives that learn of a mismatch another rank detected. A notice that arrives is
   /// told on to every rank (the Herald), which then aborts this rank's transport.
@@ -174,8 +188,7 @@ struct Communicator<T>::State {
       r.state()->then([h = herald, notice, me, keep = notices, st = std::weak_ptr<detail::RequestState>(r.state())] {
         auto s = st.lock();
         if (!s || s->failed()) return;  // the link closed: nothing was reported
-        const std::size_t len = std::min<std::size_t>(notice->length, sizeof notice->text);
-        const std::string text(notice->text, len);
+        const std::string text = notice->message();
         detail::log(detail::LogLevel::info, me, "a peer reported: ", text);
         h->start(Error::from_text(static_cast<ErrorCode>(notice->code), text, me, -1));
       });
@@ -212,7 +225,7 @@ struct Communicator<T>::State {
   void spread(const Error& e) {
     if (!herald->start(e)) return;
     herald->wait();
-    transport->abort(e);  // done already by the last notice's completion; idempotent
+    transport->abort(e);  // so that it has happened before the caller throws (abort is idempotent)
   }
 };
 
