@@ -7,7 +7,8 @@ using namespace chorus::bench;
 
 struct AllGather {
   static constexpr std::string_view kName = "all_gather";
-  static constexpr std::optional<chorus::algo::CollectiveKind> kKind = chorus::algo::CollectiveKind::all_gather;
+  static constexpr std::optional<chorus::algo::CollectiveKind> kKind =
+      chorus::algo::CollectiveKind::all_gather;
   static constexpr bool kReduces = false, kRooted = false, kInPlaceChecked = true;
 
   static Layout layout(std::size_t count, int n) {
@@ -20,7 +21,9 @@ struct AllGather {
     return Expect::copy(static_cast<int>(j / l.count), j % l.count);
   }
   static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
-    pending.push_back(comm.all_gather_async(c.in, c.out, c.layout.count, c.dtype));
+    issue(
+        c, pending, [&] { comm.all_gather(c.in, c.out, c.layout.count, c.dtype); },
+        [&] { return comm.all_gather_async(c.in, c.out, c.layout.count, c.dtype); });
   }
 };
 }  // namespace

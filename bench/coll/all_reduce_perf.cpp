@@ -7,7 +7,8 @@ using namespace chorus::bench;
 
 struct AllReduce {
   static constexpr std::string_view kName = "all_reduce";
-  static constexpr std::optional<chorus::algo::CollectiveKind> kKind = chorus::algo::CollectiveKind::all_reduce;
+  static constexpr std::optional<chorus::algo::CollectiveKind> kKind =
+      chorus::algo::CollectiveKind::all_reduce;
   static constexpr bool kReduces = true, kRooted = false, kInPlaceChecked = true;
 
   static Layout layout(std::size_t count, int) { return {count, count, count, 0, 0}; }
@@ -15,7 +16,9 @@ struct AllReduce {
   static double bus_factor(int n) { return 2.0 * (n - 1) / n; }
   static Expect expect(const Layout&, int, int, int, std::size_t j) { return Expect::reduce(j); }
   static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
-    pending.push_back(comm.all_reduce_async(c.in, c.out, c.layout.count, c.dtype, c.op));
+    issue(
+        c, pending, [&] { comm.all_reduce(c.in, c.out, c.layout.count, c.dtype, c.op); },
+        [&] { return comm.all_reduce_async(c.in, c.out, c.layout.count, c.dtype, c.op); });
   }
 };
 }  // namespace

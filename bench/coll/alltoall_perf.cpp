@@ -8,7 +8,8 @@ using namespace chorus::bench;
 
 struct AllToAll {
   static constexpr std::string_view kName = "alltoall";
-  static constexpr std::optional<chorus::algo::CollectiveKind> kKind = chorus::algo::CollectiveKind::all_to_all;
+  static constexpr std::optional<chorus::algo::CollectiveKind> kKind =
+      chorus::algo::CollectiveKind::all_to_all;
   static constexpr bool kReduces = false, kRooted = false, kInPlaceChecked = false;
 
   static Layout layout(std::size_t count, int n) {
@@ -18,10 +19,13 @@ struct AllToAll {
   static double algbw_elements(const Layout& l, int n) { return static_cast<double>(l.count) * n; }
   static double bus_factor(int n) { return static_cast<double>(n - 1) / n; }
   static Expect expect(const Layout& l, int rank, int, int, std::size_t j) {
-    return Expect::copy(static_cast<int>(j / l.count), static_cast<std::size_t>(rank) * l.count + j % l.count);
+    return Expect::copy(static_cast<int>(j / l.count),
+                        static_cast<std::size_t>(rank) * l.count + j % l.count);
   }
   static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
-    pending.push_back(comm.all_to_all_async(c.in, c.out, c.layout.count, c.dtype));
+    issue(
+        c, pending, [&] { comm.all_to_all(c.in, c.out, c.layout.count, c.dtype); },
+        [&] { return comm.all_to_all_async(c.in, c.out, c.layout.count, c.dtype); });
   }
 };
 }  // namespace

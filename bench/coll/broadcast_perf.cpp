@@ -10,7 +10,8 @@ using namespace chorus::bench;
 
 struct Broadcast {
   static constexpr std::string_view kName = "broadcast";
-  static constexpr std::optional<chorus::algo::CollectiveKind> kKind = chorus::algo::CollectiveKind::broadcast;
+  static constexpr std::optional<chorus::algo::CollectiveKind> kKind =
+      chorus::algo::CollectiveKind::broadcast;
   static constexpr bool kReduces = false, kRooted = true, kInPlaceChecked = true;
 
   static Layout layout(std::size_t count, int) { return {count, count, count, 0, 0}; }
@@ -20,11 +21,17 @@ struct Broadcast {
   static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
     if (c.rank == c.root && c.in != c.out) {
       // The root only reads its buffer.
-      pending.push_back(comm.broadcast_async(const_cast<std::byte*>(c.in), c.layout.count, c.dtype, c.root));
+      issue(
+          c, pending, [&] { comm.broadcast(const_cast<std::byte*>(c.in), c.layout.count, c.dtype, c.root); },
+          [&] {
+            return comm.broadcast_async(const_cast<std::byte*>(c.in), c.layout.count, c.dtype, c.root);
+          });
       if (c.layout.count != 0) std::memcpy(c.out, c.in, c.bytes(c.layout.count));
       return;
     }
-    pending.push_back(comm.broadcast_async(c.out, c.layout.count, c.dtype, c.root));
+    issue(
+        c, pending, [&] { comm.broadcast(c.out, c.layout.count, c.dtype, c.root); },
+        [&] { return comm.broadcast_async(c.out, c.layout.count, c.dtype, c.root); });
   }
 };
 }  // namespace

@@ -20,7 +20,9 @@ struct Gather {
     return rank == root ? Expect::copy(static_cast<int>(j / l.count), j % l.count) : Expect::none();
   }
   static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
-    pending.push_back(comm.gather_async(c.in, c.out, c.layout.count, c.dtype, c.root));
+    issue(
+        c, pending, [&] { comm.gather(c.in, c.out, c.layout.count, c.dtype, c.root); },
+        [&] { return comm.gather_async(c.in, c.out, c.layout.count, c.dtype, c.root); });
   }
 };
 }  // namespace

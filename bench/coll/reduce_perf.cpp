@@ -17,7 +17,9 @@ struct Reduce {
     return rank == root ? Expect::reduce(j) : Expect::none();
   }
   static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
-    pending.push_back(comm.reduce_async(c.in, c.out, c.layout.count, c.dtype, c.op, c.root));
+    issue(
+        c, pending, [&] { comm.reduce(c.in, c.out, c.layout.count, c.dtype, c.op, c.root); },
+        [&] { return comm.reduce_async(c.in, c.out, c.layout.count, c.dtype, c.op, c.root); });
   }
 };
 }  // namespace

@@ -8,7 +8,8 @@ using namespace chorus::bench;
 
 struct ReduceScatter {
   static constexpr std::string_view kName = "reduce_scatter";
-  static constexpr std::optional<chorus::algo::CollectiveKind> kKind = chorus::algo::CollectiveKind::reduce_scatter;
+  static constexpr std::optional<chorus::algo::CollectiveKind> kKind =
+      chorus::algo::CollectiveKind::reduce_scatter;
   static constexpr bool kReduces = true, kRooted = false, kInPlaceChecked = true;
 
   static Layout layout(std::size_t count, int n) {
@@ -21,7 +22,9 @@ struct ReduceScatter {
     return Expect::reduce(static_cast<std::size_t>(rank) * l.count + j);
   }
   static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
-    pending.push_back(comm.reduce_scatter_async(c.in, c.out, c.layout.count, c.dtype, c.op));
+    issue(
+        c, pending, [&] { comm.reduce_scatter(c.in, c.out, c.layout.count, c.dtype, c.op); },
+        [&] { return comm.reduce_scatter_async(c.in, c.out, c.layout.count, c.dtype, c.op); });
   }
 };
 }  // namespace

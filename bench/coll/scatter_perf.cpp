@@ -20,7 +20,9 @@ struct Scatter {
     return Expect::copy(root, static_cast<std::size_t>(rank) * l.count + j);
   }
   static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
-    pending.push_back(comm.scatter_async(c.in, c.out, c.layout.count, c.dtype, c.root));
+    issue(
+        c, pending, [&] { comm.scatter(c.in, c.out, c.layout.count, c.dtype, c.root); },
+        [&] { return comm.scatter_async(c.in, c.out, c.layout.count, c.dtype, c.root); });
   }
 };
 }  // namespace

@@ -158,6 +158,31 @@ class Communicator {
   Request all_gather_async(const void* in, void* out, std::size_t count, DataType dt);
   Request reduce_scatter_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op);
   Request all_to_all_async(const void* in, void* out, std::size_t count, DataType dt);
+  // ... and blocking (run on the calling thread when nothing is queued before them).
+  void all_reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
+    start(algo::CollectiveKind::all_reduce, in, out, count, dt, op, -1, false).wait();
+  }
+  void broadcast(void* buf, std::size_t count, DataType dt, int root) {
+    start(algo::CollectiveKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root, false).wait();
+  }
+  void reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root) {
+    start(algo::CollectiveKind::reduce, in, out, count, dt, op, root, false).wait();
+  }
+  void scatter(const void* in, void* out, std::size_t count, DataType dt, int root) {
+    start(algo::CollectiveKind::scatter, in, out, count, dt, ReduceOp::sum, root, false).wait();
+  }
+  void gather(const void* in, void* out, std::size_t count, DataType dt, int root) {
+    start(algo::CollectiveKind::gather, in, out, count, dt, ReduceOp::sum, root, false).wait();
+  }
+  void all_gather(const void* in, void* out, std::size_t count, DataType dt) {
+    start(algo::CollectiveKind::all_gather, in, out, count, dt, ReduceOp::sum, -1, false).wait();
+  }
+  void reduce_scatter(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
+    start(algo::CollectiveKind::reduce_scatter, in, out, count, dt, op, -1, false).wait();
+  }
+  void all_to_all(const void* in, void* out, std::size_t count, DataType dt) {
+    start(algo::CollectiveKind::all_to_all, in, out, count, dt, ReduceOp::sum, -1, false).wait();
+  }
 
   /// A sub-group, like MPI_Comm_split / ncclCommSplit: ranks with the same color (>= 0) form one
   /// communicator, ordered by (key, rank). Collective over this communicator. The new

@@ -32,7 +32,6 @@ namespace chorus::bench {
 
 using Comm = Communicator<DefaultTransport>;
 
-
 /// The buffers of one call, in elements, for a row of `size` bytes (nccl-tests getCollByteCount).
 struct Layout {
   std::size_t send = 0;           ///< elements of the send buffer
@@ -64,9 +63,20 @@ struct Call {
   int root = 0;
   int rank = 0;
   int size = 1;
+  bool blocking = false;  ///< -z: through the blocking API (as MPI's calls are timed), else *_async
 
   std::size_t bytes(std::size_t elements) const { return elements * size_of(dtype); }
 };
+
+/// Issues one call of a descriptor's run(): through the blocking API when the run is blocking
+/// (-z), else posted through *_async with its request kept in `pending`.
+template <class Blocking, class Async>
+void issue(const Call& c, std::vector<Request>& pending, Blocking&& blocking, Async&& async) {
+  if (c.blocking)
+    blocking();
+  else
+    pending.push_back(async());
+}
 
 template <class D>
 concept CollectiveDescriptor = requires(const Layout& l, int n, std::size_t j, Comm& comm, const Call& call,
@@ -99,8 +109,8 @@ struct Collective {
 
 template <CollectiveDescriptor D>
 constexpr Collective describe() {
-  return {D::kName,      D::kKind,           D::kReduces,    D::kRooted, D::kInPlaceChecked,
-          &D::layout,    &D::algbw_elements, &D::bus_factor, &D::expect, &D::run};
+  return {D::kName,   D::kKind,           D::kReduces,    D::kRooted, D::kInPlaceChecked,
+          &D::layout, &D::algbw_elements, &D::bus_factor, &D::expect, &D::run};
 }
 
 }  // namespace chorus::bench

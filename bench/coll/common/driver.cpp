@@ -5,7 +5,8 @@
 ///   warm-up   -w calls of every size from -b to -e, doubling;
 ///   each row  for out-of-place, then in-place:
 ///             1. inputs written, one untimed call, a barrier;
-///             2. -n x -m calls timed back to back (async; -z waits after each), over the same
+///             2. -n x -m calls timed back to back (async; with -z through the blocking API, the
+///                mode MPI's and Gloo's calls are timed in), over the same
 ///                buffers at offsets that walk through them (as nccl-tests does, against cache
 ///                effects); time = elapsed / calls, combined over ranks by -a (mean by default;
 ///                -C reports the time to post the calls instead, bandwidth stays as is);
@@ -140,6 +141,7 @@ class Driver {
     c.root = root;
     c.rank = rank_;
     c.size = n_;
+    c.blocking = s_.blocking != 0;
     std::byte* recv = recv_.data() + shift;
     const auto r = static_cast<std::size_t>(rank_);
     c.in = in_place ? recv + r * l.send_in_place * elem : send_.data() + shift;

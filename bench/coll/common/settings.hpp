@@ -33,7 +33,7 @@ struct Settings {
   int agg_iters = 1;                  ///< -m: collectives per timed iteration
   int run_cycles = 1;                 ///< -N: 0 repeats forever
   int check = 1;                      ///< -c: checked runs per result (0: #wrong is N/A)
-  int blocking = 0;                   ///< -z: 1 waits and barriers after each call, 2 only waits
+  int blocking = 0;                   ///< -z: blocking calls (the blocking API); 1 adds a barrier after each
   int average = 1;                    ///< -a: time over ranks: 0 rank 0, 1 mean, 2 min, 3 max
   int timeout_s = 0;                  ///< -T: bound on every wait (0: CHORUS_TIMEOUT or 300 s)
   int report_cputime = 0;             ///< -C: report the time to post the calls, not to complete them
@@ -130,7 +130,7 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
       ->capture_default_str();
   app.add_option("-r,--root", root, "root rank of rooted collectives, or all")->capture_default_str();
   app.add_option("-z,--blocking", s.blocking,
-                 "0: time back-to-back async calls; 1: wait and barrier after each; 2: wait after each")
+                 "0: time back-to-back async calls; 1: blocking calls, a barrier after each; 2: blocking calls")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
   app.add_option("-a,--average", s.average, "time reported over ranks: 0 rank 0, 1 mean, 2 min, 3 max")

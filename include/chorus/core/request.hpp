@@ -7,6 +7,7 @@
 ///   ... overlap work ...
 ///   r.wait();
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -30,6 +31,24 @@ struct LazyOp {
   std::string (*format)(const char* verb, std::uint64_t tag, std::size_t bytes) = nullptr;
 };
 
+class RequestState;
+
+/// What a transport's progress engine lends a thread that waits for one of its requests, so that
+/// the waiting thread moves the bytes itself instead of sleeping until another thread has (see
+/// the progress contract in core/concepts.hpp).
+class Driver {
+ public:
+  using Clock = std::chrono::steady_clock;
+  virtual ~Driver() = default;
+  /// Makes progress on the calling thread until `r` is done or `deadline` passes: polls the
+  /// engine's links for a bounded spin, then sleeps in one wait that covers all of them. Returns
+  /// early, with `r` possibly still pending, when the engine is stopped. Another thread driving
+  /// the same engine at the time makes this wait for `r` instead.
+  virtual void drive(const RequestState& r, Clock::time_point deadline) = 0;
+  /// One non-blocking pass over the links, when no other thread drives them (Request::test()).
+  virtual void poll() = 0;
+};
+
 /// Shared between the poster (who waits) and the progress engine (who completes).
 /// Lock order: a link's lock may be held while calling complete()/fail(); the reverse never.
 class RequestState {
@@ -49,6 +68,7 @@ class RequestState {
       done_ = true;
       bytes_ = bytes;
       then = std::move(then_);
+      settled_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     if (then) then();
@@ -59,11 +79,10 @@ class RequestState {
   /// Marks failure with an error raised elsewhere (its text and code are kept as they are).
   void fail(const Error& e) { fail_text(e.code(), e.what()); }
 
-  bool done() const {
-    std::lock_guard lk(mu_);
-    return done_;
-  }
+  bool done() const { return settled_.load(std::memory_order_acquire); }
   bool test() {
+    if (!done())
+      if (auto d = driver_.lock()) d->poll();
     std::lock_guard lk(mu_);
     if (done_ && failed_) throw error_locked();
     return done_;
@@ -74,6 +93,7 @@ class RequestState {
   /// As wait(), for a caller that has already waited part of the timeout (polling with
   /// wait_for): the deadline is the start of its wait plus timeout().
   void wait_until(Clock::time_point deadline) {
+    drive(deadline);
     {
       std::unique_lock lk(mu_);
       if (!cv_.wait_until(lk, deadline, [&] { return done_; })) {
@@ -90,10 +110,19 @@ class RequestState {
   /// Waits at most `d`: true when done (throws its error if it failed), false when still pending.
   /// No timeout handling: callers that poll with it bound the total themselves.
   bool wait_for(std::chrono::milliseconds d) {
+    const auto deadline = Clock::now() + d;
+    drive(deadline);
     std::unique_lock lk(mu_);
-    if (!cv_.wait_for(lk, d, [&] { return done_; })) return false;
+    if (!cv_.wait_until(lk, deadline, [&] { return done_; })) return false;
     if (failed_) throw error_locked();
     return true;
+  }
+
+  /// Waits without driving (another thread drives) until done or `t`; true when done. Never
+  /// throws.
+  bool settle_until(Clock::time_point t) const {
+    std::unique_lock lk(mu_);
+    return cv_.wait_until(lk, t, [&] { return done_; });
   }
 
   std::size_t bytes() const {
@@ -120,6 +149,9 @@ class RequestState {
     f();
   }
   void set_on_timeout(std::function<void(const Error&)> f) { on_timeout_ = std::move(f); }
+  /// The engine that completes this request: its waiter drives it (set once, before the request
+  /// is handed out).
+  void set_driver(std::weak_ptr<Driver> d) { driver_ = std::move(d); }
 
   /// True when the request failed; `out` then gets its error.
   bool failed(ErrorCode* code = nullptr, std::string* what = nullptr) const {
@@ -142,22 +174,31 @@ class RequestState {
       code_ = code;
       what_ = std::move(what);
       then = std::move(then_);
+      settled_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     if (then) then();
   }
 
+  /// The waiting thread makes the progress itself, where the request's engine lends it a driver.
+  void drive(Clock::time_point deadline) {
+    if (done()) return;
+    if (auto d = driver_.lock()) d->drive(*this, deadline);
+  }
+
   Error error_locked() const { return Error::from_text(code_, what_, ctx_.rank, ctx_.peer); }
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable std::condition_variable cv_;
   bool done_ = false;
+  std::atomic<bool> settled_{false};  ///< done_, readable without the lock (a driver's spin)
   std::size_t bytes_ = 0;
   bool failed_ = false;
   ErrorCode code_ = ErrorCode::system;
   std::string what_;
   std::function<void()> then_;
   std::function<void(const Error&)> on_timeout_;
+  std::weak_ptr<Driver> driver_;
   LazyOp lazy_;
   mutable ErrorContext ctx_;  ///< op filled from lazy_ on first use, under mu_
   std::chrono::milliseconds timeout_;

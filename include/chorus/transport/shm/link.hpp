@@ -16,7 +16,8 @@
 /// link; past that the link stops draining and the sender waits for room).
 ///
 /// Threading: every member is guarded by the transport's mutex (Hub::mu), taken by isend/irecv on
-/// the caller's thread and by the progress thread. Requests are completed after that mutex is
+/// the caller's thread and by whichever thread drives the engine (a waiting caller, or the
+/// background thread; see transport/progress.hpp). Requests are completed after that mutex is
 /// released (Completions), since a completion may call back into the transport.
 
 #include <sys/eventfd.h>
@@ -139,8 +140,14 @@ class Link {
  public:
   using TimeoutHook = std::function<void(const Error&)>;
 
-  Link(int rank, int peer, detail::Hub& hub, std::chrono::milliseconds timeout, TimeoutHook on_timeout)
-      : rank_(rank), peer_(peer), hub_(hub), timeout_(timeout), on_timeout_(std::move(on_timeout)) {}
+  Link(int rank, int peer, detail::Hub& hub, std::chrono::milliseconds timeout, TimeoutHook on_timeout,
+       std::weak_ptr<chorus::detail::Driver> driver)
+      : rank_(rank),
+        peer_(peer),
+        hub_(hub),
+        timeout_(timeout),
+        on_timeout_(std::move(on_timeout)),
+        driver_(std::move(driver)) {}
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
@@ -332,6 +339,7 @@ class Link {
     auto req = std::make_shared<detail::RequestState>(
         rank_, peer_, chorus::detail::LazyOp{verb, tag, bytes, &chorus::detail::describe_op}, timeout_);
     req->set_on_timeout(on_timeout_);
+    req->set_driver(driver_);
     return req;
   }
 
@@ -530,6 +538,7 @@ class Link {
   detail::Hub& hub_;
   std::chrono::milliseconds timeout_;
   TimeoutHook on_timeout_;
+  std::weak_ptr<chorus::detail::Driver> driver_;  ///< the transport's engine: waiters drive it
 
   detail::Fd sock_;
   detail::Mapping map_;

@@ -18,11 +18,13 @@
 /// the other side announced it sleeps) and its EOF tells of the peer's death at once, since the
 /// kernel closes a killed process's sockets.
 ///
-/// Progress: one thread per transport drains the rings, writes what waits for room and runs the
-/// CMA pulls. After its last work it spins for Engine::kSpin (lock-free peeks at the rings), then
-/// announces it sleeps (flags in the rings, see detail/segment.hpp) and blocks in poll() on the
-/// link sockets and an eventfd that isend/irecv kick; poll's timeout (500 ms) only bounds the
-/// wait, it is not needed for progress. So idle ranks cost no CPU, 8 ranks share 2 cores.
+/// Progress (transport/progress.hpp): the thread that waits for a request drives the engine: it
+/// drains the rings, writes what waits for room and runs the CMA pulls itself, spinning on
+/// lock-free peeks at the rings for ProgressPolicy::spin(), then announces it sleeps (flags in
+/// the rings, see detail/segment.hpp) and blocks in poll() on the link sockets and an eventfd
+/// that isend/irecv and aborts kick. The engine's own thread does the same for work nobody waits
+/// on, and parks while callers drive. poll's timeout only bounds the wait, it is not needed for
+/// progress. So idle ranks cost no CPU, 8 ranks share 2 cores.
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -43,22 +45,13 @@
 #include "chorus/core/concepts.hpp"
 #include "chorus/detail/env.hpp"
 #include "chorus/detail/log.hpp"
+#include "chorus/transport/progress.hpp"
 #include "chorus/transport/shm/link.hpp"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 namespace chorus::shm {
 namespace detail {
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+using chorus::detail::cpu_relax;
 
 /// True when this process may read `pid`'s memory with process_vm_readv (read the probe word).
 inline bool cma_works(std::uint64_t pid, std::uint64_t addr) {
@@ -77,17 +70,19 @@ inline bool cma_wanted(const ErrorContext& ctx) {
 }
 
 /// The links and the progress thread of one transport; shared by the thread, so a transport
-/// destroyed on its own progress thread leaves the engine to the thread until it ends.
-struct Engine {
-  static constexpr auto kSpin = std::chrono::microseconds(50);
+/// destroyed on its own progress thread leaves the engine to the thread until it ends. Requests
+/// hold it (weakly) as their Driver: whoever waits for one drives the engine.
+struct Engine final : chorus::detail::Driver {
+  static constexpr auto kSpin = std::chrono::microseconds(50);  ///< the background thread's spin
   static constexpr auto kDeathCheck = std::chrono::milliseconds(20);
-  static constexpr int kPollMs = 500;
+  static constexpr auto kPoll = std::chrono::milliseconds(500);
 
   Hub hub;
   std::vector<std::unique_ptr<Link>> links;  ///< by peer; null where there is no shm link
   std::thread thread;
   std::atomic<bool> stop{false};
   int rank = -1;
+  chorus::detail::DriveToken token;
 
   /// Fails every link (from any thread); with close, peers see their sockets close.
   void fail_all(ErrorCode code, const std::string& why, bool close = true) {
@@ -100,52 +95,100 @@ struct Engine {
     hub.kick();
   }
 
+  // ---- Driver: the waiting thread's side ----
+
+  void drive(const RequestState& r, Clock::time_point deadline) override {
+    chorus::detail::drive_engine(*this, token, r, deadline);
+  }
+  void poll() override { chorus::detail::poll_engine(*this, token); }
+
+  // ---- what drive_engine needs (the token held, except for wake_background and stopped) ----
+
+  /// Drains every ring, writes what waits for room, runs at most one pull; every kDeathCheck
+  /// also looks at the sockets (doorbells, a peer's EOF). True when anything moved.
+  bool pass() {
+    bool busy = false;
+    std::optional<Pull> pull;
+    Link* pull_link = nullptr;
+    {
+      Completions done;
+      std::lock_guard lk(hub.mu);
+      hub.kicked.store(false);
+      for (auto& l : links) {
+        if (!l) continue;
+        busy = l->progress(done) || busy;
+        if (!pull_link)
+          if ((pull = l->take_pull())) pull_link = l.get();
+      }
+    }  // completions run here, after the lock
+    if (pull_link) {
+      const int err = pull_link->run_pull(*pull);
+      Completions done;
+      std::lock_guard lk(hub.mu);
+      pull_link->finish_pull(std::move(*pull), err, done);
+      busy = true;
+    }
+    const auto now = Clock::now();
+    if (now - last_check_ > kDeathCheck) {  // a busy driver still notices a dead peer
+      last_check_ = now;
+      check_sockets(0);
+    }
+    return busy;
+  }
+  /// Spins on lock-free peeks for a moment; gives the core away when nothing shows up: with more
+  /// threads than cores (8 ranks on 2 cores) a plain spin would keep the rank that has to answer
+  /// from running.
+  void spin_wait() const {
+    for (int i = 0; i < 64; ++i) {
+      if (work_visible()) return;
+      cpu_relax();
+    }
+    ::sched_yield();
+  }
+  /// Announces sleep in every ring, makes one more pass (whatever came before the announcement),
+  /// and blocks in poll() until `until` unless that pass found work.
+  void sleep_until(Clock::time_point until) {
+    {
+      Completions done;
+      std::lock_guard lk(hub.mu);
+      hub.sleeping.store(1);
+      bool work = false;
+      for (auto& l : links)
+        if (l) l->set_sleeping(true);
+      for (auto& l : links)
+        if (l) work = l->progress(done) || l->has_pull() || work;
+      if (work || hub.kicked.load() || stop.load()) {
+        hub.sleeping.store(0);
+        for (auto& l : links)
+          if (l) l->set_sleeping(false);
+        return;
+      }
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
+    check_sockets(static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, kPoll.count())), /*with_wake=*/true);
+    std::lock_guard lk(hub.mu);
+    hub.sleeping.store(0);
+    for (auto& l : links)
+      if (l) l->set_sleeping(false);
+  }
+  void wake_background() { hub.kick(); }
+  bool stopped() const { return stop.load(std::memory_order_relaxed); }
+
+  // ---- the background thread ----
+
   void run() {
     auto last_active = Clock::now();
-    auto last_check = last_active;
-    while (!stop.load()) {
-      bool busy = false;
-      std::optional<Pull> pull;
-      Link* pull_link = nullptr;
-      {
-        Completions done;
-        std::lock_guard lk(hub.mu);
-        hub.kicked.store(false);
-        for (auto& l : links) {
-          if (!l) continue;
-          busy = l->progress(done) || busy;
-          if (!pull_link)
-            if ((pull = l->take_pull())) pull_link = l.get();
-        }
-      }  // completions run here, after the lock
-      if (pull_link) {
-        const int err = pull_link->run_pull(*pull);
-        Completions done;
-        std::lock_guard lk(hub.mu);
-        pull_link->finish_pull(std::move(*pull), err, done);
-        busy = true;
-      }
+    chorus::detail::run_background(*this, token, [&] {
       const auto now = Clock::now();
-      if (now - last_check > kDeathCheck) {  // a busy thread still notices a dead peer
-        last_check = now;
-        check_sockets(0);
-      }
-      if (busy) {
+      if (pass()) {
         last_active = now;
-        continue;
+      } else if (now - last_active < kSpin) {
+        spin_wait();
+      } else {
+        sleep_until(now + kPoll);
+        last_active = Clock::now();
       }
-      if (now - last_active < kSpin) {
-        bool seen = false;
-        for (int i = 0; i < 64 && !(seen = work_visible()); ++i) cpu_relax();
-        // Give the core away if anyone else wants it: with more threads than cores (the caller
-        // waiting for this very completion, 8 ranks on 2 cores) a plain spin would keep the
-        // thread that has to answer from running until the spin ends.
-        if (!seen) ::sched_yield();
-        continue;
-      }
-      sleep();
-      last_active = Clock::now();
-    }
+    });
   }
 
  private:
@@ -190,34 +233,10 @@ struct Engine {
     }
   }
 
-  /// Announces sleep in every ring, makes one more pass (whatever came before the announcement),
-  /// and blocks in poll() unless that pass found work.
-  void sleep() {
-    {
-      Completions done;
-      std::lock_guard lk(hub.mu);
-      hub.sleeping.store(1);
-      bool work = false;
-      for (auto& l : links)
-        if (l) l->set_sleeping(true);
-      for (auto& l : links)
-        if (l) work = l->progress(done) || l->has_pull() || work;
-      if (work || hub.kicked.load() || stop.load()) {
-        hub.sleeping.store(0);
-        for (auto& l : links)
-          if (l) l->set_sleeping(false);
-        return;
-      }
-    }
-    check_sockets(kPollMs, /*with_wake=*/true);
-    std::lock_guard lk(hub.mu);
-    hub.sleeping.store(0);
-    for (auto& l : links)
-      if (l) l->set_sleeping(false);
-  }
-
+  // Used by the token's holder only.
   std::vector<pollfd> fds_;
   std::vector<Link*> who_;
+  Clock::time_point last_check_{};
 };
 
 }  // namespace detail
@@ -274,10 +293,11 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
     if (auto eng = weak.lock()) eng->fail_all(ErrorCode::peer_failure, std::string("aborted after a timeout: ") + e.what());
   };
   engine_->links.resize(static_cast<std::size_t>(size_));
+  const std::weak_ptr<chorus::detail::Driver> weak_driver = engine_;
   for (int p = 0; p < size_; ++p)
     if (p != rank_ && peers[static_cast<std::size_t>(p)])
       engine_->links[static_cast<std::size_t>(p)] =
-          std::make_unique<Link>(rank_, p, engine_->hub, b.options.timeout, on_timeout);
+          std::make_unique<Link>(rank_, p, engine_->hub, b.options.timeout, on_timeout, weak_driver);
   connect(b, peers);
   engine_->thread = std::thread([eng = engine_] {
     try {
@@ -293,6 +313,7 @@ inline Transport::~Transport() {
   engine_->fail_all(ErrorCode::peer_failure, "the communicator was destroyed");
   engine_->stop.store(true);
   engine_->hub.kick();
+  engine_->token.unpark();
   if (!engine_->thread.joinable()) return;
   if (engine_->thread.get_id() == std::this_thread::get_id())
     engine_->thread.detach();  // on the progress thread itself: it ends at its next loop

@@ -14,8 +14,9 @@
 /// Every header from the network is checked (type, sizes, ids) before it is used; a bad one
 /// breaks the link with peer_failure.
 ///
-/// Threading: isend/irecv may be called from any thread; they post to the progress thread, which
-/// alone touches the socket and the matching state.
+/// Threading: isend/irecv may be called from any thread; they post to the io_context, and only the
+/// thread that runs it (a waiting caller or the background thread, one at a time: see
+/// transport/progress.hpp) touches the socket and the matching state.
 
 #include <array>
 #include <bit>
@@ -87,8 +88,14 @@ class Link {
   using TimeoutHook = std::function<void(const Error&)>;
 
   Link(int rank, int peer, chorus::detail::asio::io_context& io, std::chrono::milliseconds timeout,
-       TimeoutHook on_timeout)
-      : rank_(rank), peer_(peer), io_(io), socket_(io), timeout_(timeout), on_timeout_(std::move(on_timeout)) {}
+       TimeoutHook on_timeout, std::weak_ptr<chorus::detail::Driver> driver)
+      : rank_(rank),
+        peer_(peer),
+        io_(io),
+        socket_(io),
+        timeout_(timeout),
+        on_timeout_(std::move(on_timeout)),
+        driver_(std::move(driver)) {}
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
@@ -151,6 +158,7 @@ class Link {
     auto req = std::make_shared<detail::RequestState>(
         rank_, peer_, chorus::detail::LazyOp{verb, tag, bytes, &chorus::detail::describe_op}, timeout_);
     req->set_on_timeout(on_timeout_);
+    req->set_driver(driver_);
     return req;
   }
 
@@ -364,8 +372,9 @@ class Link {
   asio_tcp::socket socket_;
   std::chrono::milliseconds timeout_;
   TimeoutHook on_timeout_;
+  std::weak_ptr<chorus::detail::Driver> driver_;  ///< the transport's engine: waiters drive it
 
-  // Progress-thread state.
+  // State of the thread that runs the io_context (the one holding the engine's token).
   chorus::detail::TagMatcher<detail::RecvOp, detail::Arrival> matcher_;
   std::unordered_map<std::uint64_t, detail::RecvOp> active_recv_;
   std::unordered_map<std::uint64_t, PendingSend> pending_rts_;

@@ -10,6 +10,7 @@
 /// are connected, so nothing listens for the rest of the job.
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,26 +24,61 @@
 #include "chorus/detail/asio.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/tcp/detail/socket.hpp"
+#include "chorus/transport/progress.hpp"
 #include "chorus/transport/tcp/link.hpp"
 
 namespace chorus::tcp {
 namespace detail {
 
-/// What the progress thread and the timeout hooks share; outlives neither the thread nor the links.
-struct Engine {
+/// What the progress thread, the timeout hooks and the waiting callers share; outlives neither
+/// the thread nor the links. Requests hold it (weakly) as their Driver: the thread that waits for
+/// one runs the io_context itself (transport/progress.hpp), one thread at a time (the token), so
+/// the links' state is only ever touched by the one thread that runs the io_context.
+struct Engine final : chorus::detail::Driver {
   asio::io_context io{1};
   std::vector<std::unique_ptr<Link>> links;  ///< by peer; null at this rank's own index
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::thread thread;
+  std::atomic<bool> stop{false};
+  chorus::detail::DriveToken token;
 
-  /// Fails every link (from any thread; at once when called on the progress thread itself, so
-  /// that an error reported by a peer wins over the connection closes that follow it); peers see
-  /// their connection close.
+  /// Fails every link (from any thread; at once when called on the thread that runs the
+  /// io_context, so that an error reported by a peer wins over the connection closes that follow
+  /// it); peers see their connection close.
   void fail_all(ErrorCode code, std::string why, bool close = true) {
     asio::dispatch(io, [this, code, why = std::move(why), close] {
       for (auto& l : links)
         if (l) l->fail(code, why, close);
     });
+  }
+
+  // ---- Driver ----
+  void drive(const RequestState& r, Clock::time_point deadline) override {
+    chorus::detail::drive_engine(*this, token, r, deadline);
+  }
+  void poll() override { chorus::detail::poll_engine(*this, token); }
+
+  // ---- what drive_engine needs ----
+  /// Runs the handlers that are ready (a non-blocking look at the sockets included).
+  bool pass() { return io.poll() > 0; }
+  void spin_wait() const {
+    for (int i = 0; i < 16; ++i) chorus::detail::cpu_relax();
+    ::sched_yield();
+  }
+  /// The one wait that covers every link: Asio's reactor.
+  void sleep_until(Clock::time_point until) { io.run_one_until(until); }
+  /// A handler for the background thread's reactor wait to return for.
+  void wake_background() {
+    asio::post(io, [] {});
+  }
+  bool stopped() const { return stop.load(std::memory_order_relaxed); }
+
+  // ---- the background thread ----
+  void run() {
+    chorus::detail::run_background(*this, token, [&] { io.run_one_for(std::chrono::milliseconds(500)); });
+    // Stopping: the work guard is gone and every link failed; run what is left (the closes) out.
+    io.restart();
+    io.run();
   }
 };
 
@@ -99,9 +135,10 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
     if (auto eng = weak.lock()) eng->fail_all(ErrorCode::peer_failure, std::string("aborted after a timeout: ") + e.what());
   };
   engine_->links.resize(static_cast<std::size_t>(size_));
+  const std::weak_ptr<chorus::detail::Driver> weak_driver = engine_;
   for (int p = 0; p < size_; ++p)
     if (peers_[static_cast<std::size_t>(p)])
-      engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, on_timeout);
+      engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, on_timeout, weak_driver);
   if (std::find(peers_.begin(), peers_.end(), true) != peers_.end()) connect_all(b);
   for (auto& l : engine_->links) {
     if (!l) continue;
@@ -115,7 +152,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
   engine_->thread = std::thread([eng = engine_, rank = rank_] {
     for (;;) {
       try {
-        eng->io.run();
+        eng->run();
         return;
       } catch (const std::exception& e) {
         chorus::detail::log(chorus::detail::LogLevel::warn, rank, "tcp progress thread: ", e.what());
@@ -127,6 +164,9 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
 inline Transport::~Transport() {
   engine_->fail_all(ErrorCode::peer_failure, "the communicator was destroyed");
   engine_->work.reset();
+  engine_->stop.store(true);
+  engine_->token.unpark();
+  engine_->wake_background();
   if (!engine_->thread.joinable()) return;
   if (engine_->thread.get_id() == std::this_thread::get_id())
     engine_->thread.detach();  // on the progress thread itself: it ends once run() returns

@@ -1,0 +1,200 @@
+#pragma once
+/// The progress model every transport engine shares (the contract is in core/concepts.hpp).
+///
+/// A thread that waits for a request drives the request's engine itself: it polls the links for a
+/// bounded spin (ProgressPolicy::spin(), CHORUS_SPIN_US), then sleeps in the engine's one wait
+/// that covers every link (shm: poll() on the link sockets and the engine's eventfd; tcp: the
+/// Asio reactor's epoll), and goes on polling when that wait returns, until its request is done
+/// or its deadline passes. So a blocking call costs no thread hop: the bytes are read, reduced
+/// and answered by the thread that needs them.
+///
+/// One thread at a time drives an engine: it holds the engine's DriveToken. The engine's
+/// background thread makes progress only for work nobody waits on (async work whose requests
+/// nobody waits for yet, a peer's death, a peer waiting for room in a ring): it parks while any
+/// caller drives and for ProgressPolicy::kHandover after the last one left, so in a loop of calls
+/// it never competes with the callers for the cores. A caller that finds the background thread
+/// holding the token wakes it (Engine::wake_background) and takes the token from it.
+///
+/// An engine provides, for drive():
+///   bool pass();                           one non-blocking pass over every link (token held);
+///                                          true when anything moved
+///   void spin_wait();                      a short pause between passes while spinning (may end
+///                                          early when work becomes visible)
+///   void sleep_until(Clock::time_point);   the one wait that covers every link (token held)
+///   void wake_background();                makes a background thread that holds the token let go
+///   bool stopped() const;
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "chorus/core/request.hpp"
+#include "chorus/detail/env.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace chorus::detail {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+struct ProgressPolicy {
+  using Clock = std::chrono::steady_clock;
+  /// How long a waiting thread polls its links before it sleeps, unless CHORUS_SPIN_US says
+  /// otherwise. Each empty round of the spin yields the core (sched_yield), so with more ranks
+  /// than cores the rank that has to answer still runs.
+  static constexpr std::chrono::microseconds kDefaultSpin{200};
+  static constexpr std::int64_t kMaxSpinUs = 10'000'000;
+  /// The background thread leaves the links to the callers until none has driven for this long.
+  static constexpr std::chrono::milliseconds kHandover{2};
+  /// The longest single sleep of a driver (it re-checks its deadline and the engine after it).
+  static constexpr std::chrono::milliseconds kMaxSleep{500};
+
+  /// CHORUS_SPIN_US (0 .. 10^7 microseconds; 0 sleeps at once), read once per process.
+  static std::chrono::microseconds spin() {
+    static const std::chrono::microseconds v{env_int("CHORUS_SPIN_US", 0, kMaxSpinUs).value_or(kDefaultSpin.count())};
+    return v;
+  }
+};
+
+/// Who may drive an engine now, and where its background thread parks.
+class DriveToken {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// A caller inside drive(): counted from before it asks for the token until it has let go.
+  class Caller {
+   public:
+    explicit Caller(DriveToken& t) : t_(t) { t_.callers_.fetch_add(1, std::memory_order_seq_cst); }
+    ~Caller() {
+      t_.last_left_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+      t_.callers_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    Caller(const Caller&) = delete;
+    Caller& operator=(const Caller&) = delete;
+
+   private:
+    DriveToken& t_;
+  };
+
+  bool try_acquire() { return mu_.try_lock(); }
+  void release() { mu_.unlock(); }
+
+  /// Background side: true while no caller drives or has driven within kHandover.
+  bool background_may_run() const {
+    if (callers_.load(std::memory_order_seq_cst) != 0) return false;
+    const auto left = Clock::time_point(Clock::duration(last_left_.load(std::memory_order_relaxed)));
+    return Clock::now() - left >= ProgressPolicy::kHandover;
+  }
+  bool callers_waiting() const { return callers_.load(std::memory_order_seq_cst) != 0; }
+  /// Set by the background thread while it holds the token (a caller then wakes it).
+  void set_background_holds(bool on) { background_holds_.store(on, std::memory_order_seq_cst); }
+  bool background_holds() const { return background_holds_.load(std::memory_order_seq_cst); }
+
+  /// The background thread waits for kHandover, or until unpark().
+  void park() {
+    std::unique_lock lk(park_mu_);
+    if (unparked_) return;
+    park_cv_.wait_for(lk, ProgressPolicy::kHandover, [&] { return unparked_; });
+  }
+  /// Ends every park for good (the engine stops).
+  void unpark() {
+    {
+      std::lock_guard lk(park_mu_);
+      unparked_ = true;
+    }
+    park_cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;  ///< the token itself
+  std::atomic<int> callers_{0};
+  std::atomic<Clock::rep> last_left_{0};
+  std::atomic<bool> background_holds_{false};
+  std::mutex park_mu_;
+  std::condition_variable park_cv_;
+  bool unparked_ = false;
+};
+
+/// The body of Driver::drive() for an engine `e` (see the file comment).
+template <class Engine>
+void drive_engine(Engine& e, DriveToken& token, const RequestState& r,
+                  std::chrono::steady_clock::time_point deadline) {
+  using Clock = std::chrono::steady_clock;
+  DriveToken::Caller in(token);
+  bool woke = false;
+  while (!token.try_acquire()) {
+    if (r.done() || e.stopped() || Clock::now() >= deadline) return;
+    if (token.background_holds()) {
+      if (!woke) e.wake_background();
+      woke = true;
+      cpu_relax();
+      ::sched_yield();
+    } else {
+      // Another caller drives: its passes complete this request too. Look again shortly, since
+      // it leaves once its own request is done.
+      r.settle_until(std::min(deadline, Clock::now() + std::chrono::microseconds(100)));
+    }
+  }
+  struct Release {
+    DriveToken& t;
+    ~Release() { t.release(); }
+  } release{token};
+  const auto spin = ProgressPolicy::spin();
+  auto spin_end = Clock::now() + spin;
+  for (;;) {
+    if (r.done() || e.stopped()) return;
+    const bool moved = e.pass();
+    if (r.done()) return;
+    const auto now = Clock::now();
+    if (now >= deadline) return;
+    if (moved) {
+      spin_end = now + spin;
+      continue;
+    }
+    if (now < spin_end) {
+      e.spin_wait();
+      continue;
+    }
+    e.sleep_until(std::min(deadline, now + ProgressPolicy::kMaxSleep));
+    spin_end = Clock::now() + spin;
+  }
+}
+
+/// The background thread's loop: it takes the token only when no caller has driven for
+/// kHandover, and repeats `step()` (a pass, a spin or a wait, each short or ended by
+/// wake_background) until a caller asks for the token or the engine stops.
+template <class Engine, class Step>
+void run_background(Engine& e, DriveToken& token, Step step) {
+  while (!e.stopped()) {
+    if (!token.background_may_run() || !token.try_acquire()) {
+      token.park();
+      continue;
+    }
+    token.set_background_holds(true);
+    while (!e.stopped() && !token.callers_waiting()) step();
+    token.set_background_holds(false);
+    token.release();
+  }
+}
+
+/// One pass for Request::test(), when the token is free.
+template <class Engine>
+void poll_engine(Engine& e, DriveToken& token) {
+  if (e.stopped() || !token.try_acquire()) return;
+  e.pass();
+  token.release();
+}
+
+}  // namespace chorus::detail
