@@ -12,7 +12,13 @@
 /// |                     |         | and its send completes (a large one's send fails as well)       |
 /// Messages with the same tag are matched in posting order on both sides; different tags are
 /// independent (a receive for tag B completes even if a message for tag A waits unmatched).
-/// Completion is driven by the transport's progress engine, never by the caller polling.
+/// Progress (transport/progress.hpp): every Request a link returns names its engine as its
+/// Driver, and the thread that waits for it (Request::wait(), test(), a blocking call) drives the
+/// engine itself: it polls the links for a bounded spin (CHORUS_SPIN_US), then sleeps in one wait
+/// that covers every link of the engine, until the request is done or its deadline passes. One
+/// thread drives an engine at a time; the engine's background thread stands in only for work
+/// nobody waits on and parks while callers drive. A request without a driver (inproc, whose
+/// sender completes the receive itself) is waited for on its condition variable.
 /// A broken link fails every pending and later operation on it with peer_failure.
 ///
 /// Transport<T> — the links of one communicator, created from a Bootstrap.

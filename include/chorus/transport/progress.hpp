@@ -58,6 +58,8 @@ struct ProgressPolicy {
   static constexpr std::int64_t kMaxSpinUs = 10'000'000;
   /// The background thread leaves the links to the callers until none has driven for this long.
   static constexpr std::chrono::milliseconds kHandover{2};
+  /// How long the background thread parks at a time while a caller drives.
+  static constexpr std::chrono::milliseconds kBusyPark{20};
   /// The longest single sleep of a driver (it re-checks its deadline and the engine after it).
   static constexpr std::chrono::milliseconds kMaxSleep{500};
 
@@ -102,11 +104,13 @@ class DriveToken {
   void set_background_holds(bool on) { background_holds_.store(on, std::memory_order_seq_cst); }
   bool background_holds() const { return background_holds_.load(std::memory_order_seq_cst); }
 
-  /// The background thread waits for kHandover, or until unpark().
+  /// The background thread waits until unpark(), or for a while: kHandover once the callers
+  /// have left, kBusyPark while one drives (which may last: a caller sleeping on a slow peer).
   void park() {
     std::unique_lock lk(park_mu_);
     if (unparked_) return;
-    park_cv_.wait_for(lk, ProgressPolicy::kHandover, [&] { return unparked_; });
+    const auto d = callers_waiting() ? ProgressPolicy::kBusyPark : ProgressPolicy::kHandover;
+    park_cv_.wait_for(lk, std::chrono::duration_cast<std::chrono::microseconds>(d), [&] { return unparked_; });
   }
   /// Ends every park for good (the engine stops).
   void unpark() {

@@ -129,6 +129,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
     : rank_(b.rank), size_(b.size), peers_(std::move(peers)), engine_(std::make_shared<detail::Engine>()) {
   if (peers_.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, -1, "tcp"}, "peer mask of the wrong size");
+  (void)chorus::detail::ProgressPolicy::spin();  // a CHORUS_SPIN_US that does not parse fails here
   peers_[static_cast<std::size_t>(rank_)] = false;
   std::weak_ptr<detail::Engine> weak = engine_;
   auto on_timeout = [weak](const Error& e) {
