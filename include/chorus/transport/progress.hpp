@@ -54,7 +54,7 @@ struct ProgressPolicy {
   /// How long a waiting thread polls its links before it sleeps, unless CHORUS_SPIN_US says
   /// otherwise. Each empty round of the spin yields the core (sched_yield), so with more ranks
   /// than cores the rank that has to answer still runs.
-  static constexpr std::chrono::microseconds kDefaultSpin{200};
+  static constexpr std::chrono::microseconds kDefaultSpin{50};
   static constexpr std::int64_t kMaxSpinUs = 10'000'000;
   /// The background thread leaves the links to the callers until none has driven for this long.
   static constexpr std::chrono::milliseconds kHandover{2};
