@@ -71,6 +71,8 @@ struct ProgressPolicy {
 };
 
 /// Who may drive an engine now, and where its background thread parks.
+/// Not re-entrant: completion callbacks (RequestState::then) run on the driver with the token
+/// held, so they must not wait for or test a request of the same engine (none does today).
 class DriveToken {
  public:
   using Clock = std::chrono::steady_clock;
