@@ -64,11 +64,10 @@ class RequestState {
     std::function<void()> then;
     {
       std::lock_guard lk(mu_);
-      if (done_) return;
-      done_ = true;
+      if (done_.load(std::memory_order_relaxed)) return;
       bytes_ = bytes;
       then = std::move(then_);
-      settled_.store(true, std::memory_order_release);
+      done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     if (then) then();
@@ -79,13 +78,13 @@ class RequestState {
   /// Marks failure with an error raised elsewhere (its text and code are kept as they are).
   void fail(const Error& e) { fail_text(e.code(), e.what()); }
 
-  bool done() const { return settled_.load(std::memory_order_acquire); }
+  bool done() const { return done_.load(std::memory_order_acquire); }
   bool test() {
     if (!done())
       if (auto d = driver_.lock()) d->poll();
     std::lock_guard lk(mu_);
-    if (done_ && failed_) throw error_locked();
-    return done_;
+    if (done() && failed_) throw error_locked();
+    return done();
   }
   /// Waits until done or until the timeout; on timeout runs the on-timeout hook (the transport
   /// aborts, so the buffer is never written after wait() has thrown) and throws timeout.
@@ -96,7 +95,7 @@ class RequestState {
     drive(deadline);
     {
       std::unique_lock lk(mu_);
-      if (!cv_.wait_until(lk, deadline, [&] { return done_; })) {
+      if (!cv_.wait_until(lk, deadline, [&] { return done(); })) {
         lk.unlock();
         auto hook = on_timeout_;
         Error e(ErrorCode::timeout, context(),
@@ -113,7 +112,7 @@ class RequestState {
     const auto deadline = Clock::now() + d;
     drive(deadline);
     std::unique_lock lk(mu_);
-    if (!cv_.wait_until(lk, deadline, [&] { return done_; })) return false;
+    if (!cv_.wait_until(lk, deadline, [&] { return done(); })) return false;
     if (failed_) throw error_locked();
     return true;
   }
@@ -122,7 +121,7 @@ class RequestState {
   /// throws.
   bool settle_until(Clock::time_point t) const {
     std::unique_lock lk(mu_);
-    return cv_.wait_until(lk, t, [&] { return done_; });
+    return cv_.wait_until(lk, t, [&] { return done(); });
   }
 
   std::size_t bytes() const {
@@ -141,7 +140,7 @@ class RequestState {
   void then(std::function<void()> f) {
     {
       std::lock_guard lk(mu_);
-      if (!done_) {
+      if (!done()) {
         then_ = std::move(f);
         return;
       }
@@ -168,13 +167,12 @@ class RequestState {
     std::function<void()> then;
     {
       std::lock_guard lk(mu_);
-      if (done_) return;
-      done_ = true;
+      if (done_.load(std::memory_order_relaxed)) return;
       failed_ = true;
       code_ = code;
       what_ = std::move(what);
       then = std::move(then_);
-      settled_.store(true, std::memory_order_release);
+      done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     if (then) then();
@@ -190,8 +188,9 @@ class RequestState {
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  bool done_ = false;
-  std::atomic<bool> settled_{false};  ///< done_, readable without the lock (a driver's spin)
+  /// Set once, under mu_ (so a waiter on cv_ cannot miss it), after the result; atomic so that a
+  /// driver's spin reads it without the lock.
+  std::atomic<bool> done_{false};
   std::size_t bytes_ = 0;
   bool failed_ = false;
   ErrorCode code_ = ErrorCode::system;

@@ -22,7 +22,7 @@
 ///                                          early when work becomes visible)
 ///   void sleep_until(Clock::time_point);   the one wait that covers every link (token held)
 ///   void wake_background();                makes a background thread that holds the token let go
-///   bool stopped() const;
+/// and derives from DrivenEngine<Engine>, which does the rest.
 
 #include <sched.h>
 
@@ -133,74 +133,88 @@ class DriveToken {
   bool unparked_ = false;
 };
 
-/// The body of Driver::drive() for an engine `e` (see the file comment).
+/// The Driver every engine is (CRTP): the token, the stop flag, drive(), poll() and the
+/// background thread's loop, written once. `Engine` provides what the file comment lists.
 template <class Engine>
-void drive_engine(Engine& e, DriveToken& token, const RequestState& r,
-                  std::chrono::steady_clock::time_point deadline) {
-  using Clock = std::chrono::steady_clock;
-  DriveToken::Caller in(token);
-  bool woke = false;
-  while (!token.try_acquire()) {
-    if (r.done() || e.stopped() || Clock::now() >= deadline) return;
-    if (token.background_holds()) {
-      if (!woke) e.wake_background();
-      woke = true;
-      cpu_relax();
-      ::sched_yield();
-    } else {
-      // Another caller drives: its passes complete this request too. Look again shortly, since
-      // it leaves once its own request is done.
-      r.settle_until(std::min(deadline, Clock::now() + std::chrono::microseconds(100)));
-    }
-  }
-  struct Release {
-    DriveToken& t;
-    ~Release() { t.release(); }
-  } release{token};
-  const auto spin = ProgressPolicy::spin();
-  auto spin_end = Clock::now() + spin;
-  for (;;) {
-    if (r.done() || e.stopped()) return;
-    const bool moved = e.pass();
-    if (r.done()) return;
-    const auto now = Clock::now();
-    if (now >= deadline) return;
-    if (moved) {
-      spin_end = now + spin;
-      continue;
-    }
-    if (now < spin_end) {
-      e.spin_wait();
-      continue;
-    }
-    e.sleep_until(std::min(deadline, now + ProgressPolicy::kMaxSleep));
-    spin_end = Clock::now() + spin;
-  }
-}
+class DrivenEngine : public Driver {
+ public:
+  /// A CHORUS_SPIN_US that does not parse fails here, when the transport is created.
+  DrivenEngine() { (void)ProgressPolicy::spin(); }
 
-/// The background thread's loop: it takes the token only when no caller has driven for
-/// kHandover, and repeats `step()` (a pass, a spin or a wait, each short or ended by
-/// wake_background) until a caller asks for the token or the engine stops.
-template <class Engine, class Step>
-void run_background(Engine& e, DriveToken& token, Step step) {
-  while (!e.stopped()) {
-    if (!token.background_may_run() || !token.try_acquire()) {
-      token.park();
-      continue;
+  void drive(const RequestState& r, Clock::time_point deadline) final {
+    Engine& e = self();
+    DriveToken::Caller in(token);
+    bool woke = false;
+    while (!token.try_acquire()) {
+      if (r.done() || stopped() || Clock::now() >= deadline) return;
+      if (token.background_holds()) {
+        if (!woke) e.wake_background();
+        woke = true;
+        cpu_relax();
+        ::sched_yield();
+      } else {
+        // Another caller drives: its passes complete this request too. Look again shortly, since
+        // it leaves once its own request is done.
+        r.settle_until(std::min(deadline, Clock::now() + std::chrono::microseconds(100)));
+      }
     }
-    token.set_background_holds(true);
-    while (!e.stopped() && !token.callers_waiting()) step();
-    token.set_background_holds(false);
+    struct Release {
+      DriveToken& t;
+      ~Release() { t.release(); }
+    } release{token};
+    const auto spin = ProgressPolicy::spin();
+    auto spin_end = Clock::now() + spin;
+    for (;;) {
+      if (r.done() || stopped()) return;
+      const bool moved = e.pass();
+      if (r.done()) return;
+      const auto now = Clock::now();
+      if (now >= deadline) return;
+      if (moved) {
+        spin_end = now + spin;
+        continue;
+      }
+      if (now < spin_end) {
+        e.spin_wait();
+        continue;
+      }
+      e.sleep_until(std::min(deadline, now + ProgressPolicy::kMaxSleep));
+      spin_end = Clock::now() + spin;
+    }
+  }
+
+  /// One pass for Request::test(), when the token is free.
+  void poll() final {
+    if (stopped() || !token.try_acquire()) return;
+    self().pass();
     token.release();
   }
-}
 
-/// One pass for Request::test(), when the token is free.
-template <class Engine>
-void poll_engine(Engine& e, DriveToken& token) {
-  if (e.stopped() || !token.try_acquire()) return;
-  e.pass();
-  token.release();
-}
+  bool stopped() const { return stop.load(std::memory_order_relaxed); }
+
+  DriveToken token;
+  std::atomic<bool> stop{false};
+
+ protected:
+  /// The background thread's loop: it takes the token only when no caller has driven for
+  /// kHandover, and repeats `step()` (a pass, a spin or a wait, each short or ended by
+  /// wake_background) until a caller asks for the token or the engine stops.
+  template <class Step>
+  void run_background(Step step) {
+    while (!stopped()) {
+      if (!token.background_may_run() || !token.try_acquire()) {
+        token.park();
+        continue;
+      }
+      token.set_background_holds(true);
+      while (!stopped() && !token.callers_waiting()) step();
+      token.set_background_holds(false);
+      token.release();
+    }
+  }
+
+ private:
+  Engine& self() { return static_cast<Engine&>(*this); }
+};
 
 }  // namespace chorus::detail

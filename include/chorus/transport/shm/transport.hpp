@@ -72,7 +72,7 @@ inline bool cma_wanted(const ErrorContext& ctx) {
 /// The links and the progress thread of one transport; shared by the thread, so a transport
 /// destroyed on its own progress thread leaves the engine to the thread until it ends. Requests
 /// hold it (weakly) as their Driver: whoever waits for one drives the engine.
-struct Engine final : chorus::detail::Driver {
+struct Engine final : chorus::detail::DrivenEngine<Engine> {
   static constexpr auto kSpin = std::chrono::microseconds(50);  ///< the background thread's spin
   static constexpr auto kDeathCheck = std::chrono::milliseconds(20);
   static constexpr auto kPoll = std::chrono::milliseconds(500);
@@ -80,9 +80,7 @@ struct Engine final : chorus::detail::Driver {
   Hub hub;
   std::vector<std::unique_ptr<Link>> links;  ///< by peer; null where there is no shm link
   std::thread thread;
-  std::atomic<bool> stop{false};
   int rank = -1;
-  chorus::detail::DriveToken token;
 
   /// Fails every link (from any thread); with close, peers see their sockets close.
   void fail_all(ErrorCode code, const std::string& why, bool close = true) {
@@ -95,14 +93,7 @@ struct Engine final : chorus::detail::Driver {
     hub.kick();
   }
 
-  // ---- Driver: the waiting thread's side ----
-
-  void drive(const RequestState& r, Clock::time_point deadline) override {
-    chorus::detail::drive_engine(*this, token, r, deadline);
-  }
-  void poll() override { chorus::detail::poll_engine(*this, token); }
-
-  // ---- what drive_engine needs (the token held, except for wake_background and stopped) ----
+  // ---- what DrivenEngine needs (the token held, except for wake_background) ----
 
   /// Drains every ring, writes what waits for room, runs at most one pull; every kDeathCheck
   /// also looks at the sockets (doorbells, a peer's EOF). True when anything moved.
@@ -172,13 +163,12 @@ struct Engine final : chorus::detail::Driver {
       if (l) l->set_sleeping(false);
   }
   void wake_background() { hub.kick(); }
-  bool stopped() const { return stop.load(std::memory_order_relaxed); }
 
   // ---- the background thread ----
 
   void run() {
     auto last_active = Clock::now();
-    chorus::detail::run_background(*this, token, [&] {
+    run_background([&] {
       const auto now = Clock::now();
       if (pass()) {
         last_active = now;
@@ -285,7 +275,6 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
     : rank_(b.rank), size_(b.size), engine_(std::make_shared<detail::Engine>()) {
   if (peers.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, -1, "shm"}, "peer mask of the wrong size");
-  (void)chorus::detail::ProgressPolicy::spin();  // a CHORUS_SPIN_US that does not parse fails here
   if (!engine_->hub.wake)
     detail::throw_errno(ErrorContext{rank_, -1, "shm"}, "eventfd");
   engine_->rank = rank_;

@@ -34,13 +34,11 @@ namespace detail {
 /// the thread nor the links. Requests hold it (weakly) as their Driver: the thread that waits for
 /// one runs the io_context itself (transport/progress.hpp), one thread at a time (the token), so
 /// the links' state is only ever touched by the one thread that runs the io_context.
-struct Engine final : chorus::detail::Driver {
+struct Engine final : chorus::detail::DrivenEngine<Engine> {
   asio::io_context io{1};
   std::vector<std::unique_ptr<Link>> links;  ///< by peer; null at this rank's own index
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::thread thread;
-  std::atomic<bool> stop{false};
-  chorus::detail::DriveToken token;
 
   /// Fails every link (from any thread; at once when called on the thread that runs the
   /// io_context, so that an error reported by a peer wins over the connection closes that follow
@@ -52,13 +50,7 @@ struct Engine final : chorus::detail::Driver {
     });
   }
 
-  // ---- Driver ----
-  void drive(const RequestState& r, Clock::time_point deadline) override {
-    chorus::detail::drive_engine(*this, token, r, deadline);
-  }
-  void poll() override { chorus::detail::poll_engine(*this, token); }
-
-  // ---- what drive_engine needs ----
+  // ---- what DrivenEngine needs ----
   /// Runs the handlers that are ready (a non-blocking look at the sockets included).
   bool pass() { return io.poll() > 0; }
   void spin_wait() const {
@@ -71,11 +63,10 @@ struct Engine final : chorus::detail::Driver {
   void wake_background() {
     asio::post(io, [] {});
   }
-  bool stopped() const { return stop.load(std::memory_order_relaxed); }
 
   // ---- the background thread ----
   void run() {
-    chorus::detail::run_background(*this, token, [&] { io.run_one_for(std::chrono::milliseconds(500)); });
+    run_background([&] { io.run_one_for(std::chrono::milliseconds(500)); });
     // Stopping: the work guard is gone and every link failed; run what is left (the closes) out.
     io.restart();
     io.run();
@@ -129,7 +120,6 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
     : rank_(b.rank), size_(b.size), peers_(std::move(peers)), engine_(std::make_shared<detail::Engine>()) {
   if (peers_.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, -1, "tcp"}, "peer mask of the wrong size");
-  (void)chorus::detail::ProgressPolicy::spin();  // a CHORUS_SPIN_US that does not parse fails here
   peers_[static_cast<std::size_t>(rank_)] = false;
   std::weak_ptr<detail::Engine> weak = engine_;
   auto on_timeout = [weak](const Error& e) {
