@@ -27,6 +27,7 @@
 /// Algorithms are symmetric (a's k-th send to b on a lane is b's k-th receive from a on it), so a
 /// first send and a first receive always meet.
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -81,6 +82,15 @@ struct Stamp {
 };
 static_assert(sizeof(Stamp) == 40);
 
+/// A message in flight, as a Channel hands it to an algorithm.
+struct ChannelOp {
+  Request req;
+  int peer = -1;
+  bool recv = false;
+  int staged = -1;  ///< index of its staging buffer (a stamped first message), or -1
+  MutableBytes dst;  ///< a receive's buffer (for a staged one: where the data goes once in)
+};
+
 /// What a call's channel keeps per peer and per stamped message, owned by the communicator and
 /// reused from call to call (no allocation per call once grown). A channel that ends with an
 /// operation still pending (an exception) hands the memory to that operation and the
@@ -128,6 +138,11 @@ class ChannelMemory {
   std::vector<Stamp> theirs_;   ///< peers' separate descriptors land here (sized on first use)
   Stamp mine_;                  ///< this call's separate descriptor is sent from here
 
+  /// Lists an algorithm keeps its operations in flight in (Channel::ops), kept from call to call
+  /// with their capacity.
+  static constexpr int kOpLists = 4;
+  std::array<std::vector<ChannelOp>, kOpLists> op_lists_;
+
  private:
   static constexpr std::size_t kBlockBytes = 64 << 10;
   static_assert(kBlockBytes >= DescriptorPolicy::kInlineBytes + sizeof(Stamp) + 15, "a block holds any staged message");
@@ -139,14 +154,7 @@ class ChannelMemory {
 template <Transport T>
 class Channel {
  public:
-  /// A message in flight.
-  struct Op {
-    Request req;
-    int peer = -1;
-    bool recv = false;
-    int staged = -1;  ///< index of its staging buffer (a stamped first message), or -1
-    MutableBytes dst;  ///< a receive's buffer (for a staged one: where the data goes once in)
-  };
+  using Op = ChannelOp;
   /// Called while a wait has stalled (every kStallCheck): compares this call with what the other
   /// ranks were doing, by another route (the store), and throws mismatch on a difference. This
   /// catches the mismatches in which no two ranks ever exchange a message (both wait to receive,
@@ -163,8 +171,9 @@ class Channel {
         on_stall_(std::move(on_stall)),
         owner_(memory) {
     stamp_.desc = desc;
-    if (!g.descriptors) return;
     if (!memory || memory.use_count() > 1) memory = std::make_shared<ChannelMemory>();
+    lists_ = memory.get();
+    if (!g.descriptors) return;
     mem_ = memory.get();
     mem_->reset(g.size(), stamp_);
   }
@@ -182,6 +191,15 @@ class Channel {
     for (auto& s : mem_->staged_)
       if (s.buf) keep(s.req);
     for (auto& r : mem_->ops_) keep(r);
+  }
+
+  /// An empty list for operations in flight (list i of ChannelMemory::kOpLists), reused from call
+  /// to call so an algorithm allocates none: lists that are alive at the same time need different
+  /// indices, and getting a list again empties it.
+  std::vector<Op>& ops(int i) {
+    auto& v = lists_->op_lists_[static_cast<std::size_t>(i)];
+    v.clear();
+    return v;
   }
 
   int rank() const { return g_.rank; }
@@ -428,6 +446,7 @@ class Channel {
   OnStall on_stall_;
   std::shared_ptr<ChannelMemory>& owner_;  ///< the communicator's handle on mem_
   ChannelMemory* mem_ = nullptr;           ///< null when descriptors are off
+  ChannelMemory* lists_ = nullptr;         ///< the same memory, for ops() (descriptors or not)
 };
 
 }  // namespace chorus::algo

@@ -21,7 +21,7 @@ void direct_gather(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t block = a.bytes(a.count);
   if (r != a.root) return ch.send(a.root, cbytes(a.in, block));
-  std::vector<typename Channel<T>::Op> recvs;
+  auto& recvs = ch.ops(0);
   for (int p = 0; p < n; ++p)
     if (p != r) recvs.push_back(ch.irecv(p, mbytes(a.out + block * p, block)));
   copy_if_distinct(a.out + block * r, a.in, block);
@@ -34,7 +34,7 @@ void direct_scatter(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t block = a.bytes(a.count);
   if (r != a.root) return ch.recv(a.root, mbytes(a.out, block));
-  std::vector<typename Channel<T>::Op> sends;
+  auto& sends = ch.ops(0);
   for (int p = 0; p < n; ++p)
     if (p != r) sends.push_back(ch.isend(p, cbytes(a.in + block * p, block)));
   copy_if_distinct(a.out, a.in + block * r, block);

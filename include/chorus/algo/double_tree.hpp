@@ -49,7 +49,9 @@ class TreePipeline {
         begin_(begin),
         count_(count),
         se_(slice_elems(a)),
-        slots_(slots) {
+        slots_(slots),
+        up_sends_(ch.ops(2 * lane)),  // lists 0-1 for lane 0's tree, 2-3 for lane 1's
+        down_sends_(ch.ops(2 * lane + 1)) {
     slices_ = std::max<std::size_t>(1, (count_ + se_ - 1) / se_);  // one message even when empty
     up_sends_.resize(slices_);
     for (std::size_t j = 0; j < std::min(kWindow, slices_); ++j) post_up_recvs(j);
@@ -106,8 +108,8 @@ class TreePipeline {
   std::size_t begin_, count_, se_, slices_;
   std::byte* slots_;
   typename Channel<T>::Op in_[2][kWindow];
-  std::vector<typename Channel<T>::Op> up_sends_;
-  std::vector<typename Channel<T>::Op> down_sends_;
+  std::vector<typename Channel<T>::Op>& up_sends_;
+  std::vector<typename Channel<T>::Op>& down_sends_;
 };
 
 }  // namespace detail

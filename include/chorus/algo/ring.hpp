@@ -37,16 +37,14 @@ void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, const std::byte* f
   const std::size_t r_slices = std::max<std::size_t>(1, (r_size + se - 1) / se);
 
   // Send every slice of the outgoing chunk: the chunk is final for this step.
-  std::vector<typename Channel<T>::Op> sends;
-  sends.reserve(s_slices);
+  auto& sends = ch.ops(0);
   for (std::size_t j = 0; j < s_slices; ++j) {
     const std::size_t off = std::min(j * se, s_size), len = std::min(se, s_size - off);
     sends.push_back(ch.isend(next, cbytes(from + (s_begin + off) * es, len * es)));
   }
   if (!reduce) {
     // Receive straight into place.
-    std::vector<typename Channel<T>::Op> recvs;
-    recvs.reserve(r_slices);
+    auto& recvs = ch.ops(1);
     for (std::size_t j = 0; j < r_slices; ++j) {
       const std::size_t off = std::min(j * se, r_size), len = std::min(se, r_size - off);
       recvs.push_back(ch.irecv(prev, mbytes(buf + (r_begin + off) * es, len * es)));
@@ -56,7 +54,8 @@ void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, const std::byte* f
     // Receive into slots of scratch, reduce each slice as it lands, keep kSlotsInFlight posted.
     constexpr int kSlots = RingPolicy::kSlotsInFlight;
     std::byte* slots = scratch.get(kSlots * se * es);
-    std::vector<typename Channel<T>::Op> inflight(kSlots);
+    auto& inflight = ch.ops(1);
+    inflight.resize(kSlots);
     auto post = [&](std::size_t j) {
       const std::size_t off = std::min(j * se, r_size), len = std::min(se, r_size - off);
       inflight[j % kSlots] = ch.irecv(prev, mbytes(slots + (j % kSlots) * se * es, len * es));
@@ -152,7 +151,8 @@ void chain_broadcast(Channel<T>& ch, const Args& a) {
     return std::pair{a.out + a.bytes(off), a.bytes(std::min(se, a.count - off))};
   };
   // 1. Post every receive from the predecessor at once (they land in place, in order).
-  std::vector<typename Channel<T>::Op> recvs, sends;
+  auto& recvs = ch.ops(0);
+  auto& sends = ch.ops(1);
   if (from >= 0)
     for (std::size_t j = 0; j < slices; ++j) recvs.push_back(ch.irecv(from, mbytes(slice(j).first, slice(j).second)));
   // 2. Forward each slice as soon as it is here.
@@ -176,7 +176,7 @@ void ring_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
   if (a.op == ReduceOp::avg) chorus::finalize_avg(a.dtype, work + a.bytes(begin), len, n);
   // 2. Gather the chunks at the root (one message per rank, empty chunks included).
   if (r != a.root) return ch.send(a.root, cbytes(work + a.bytes(begin), a.bytes(len)));
-  std::vector<typename Channel<T>::Op> recvs;
+  auto& recvs = ch.ops(0);
   for (int p = 0; p < n; ++p) {
     if (p == r) continue;
     recvs.push_back(ch.irecv(p, mbytes(a.out + a.bytes(topology::chunk_begin(p, a.count, n)),

@@ -23,7 +23,7 @@ void binomial_broadcast(Channel<T>& ch, const Args& a) {
     ch.recv(parent, mbytes(a.out, bytes));
   // 2. Pass it on to every child at once.
   const auto children = topology::binomial_children_rooted(r, a.root, n);
-  std::vector<typename Channel<T>::Op> sends;
+  auto& sends = ch.ops(0);
   for (int c : children) sends.push_back(ch.isend(c, cbytes(a.out, bytes)));
   ch.wait_all(sends);
 }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "chorus/core/error.hpp"
 
@@ -47,6 +48,9 @@ class Driver {
   virtual void drive(const RequestState& r, Clock::time_point deadline) = 0;
   /// One non-blocking pass over the links, when no other thread drives them (Request::test()).
   virtual void poll() = 0;
+  /// A request of this engine timed out: abort the engine, so no buffer is written after the
+  /// waiter has thrown.
+  virtual void on_timeout(const Error& e) = 0;
 };
 
 /// Shared between the poster (who waits) and the progress engine (who completes).
@@ -100,7 +104,10 @@ class RequestState {
         auto hook = on_timeout_;
         Error e(ErrorCode::timeout, context(),
                 "did not complete within " + std::to_string(timeout_.count()) + " ms (CHORUS_TIMEOUT)");
-        if (hook) hook(e);
+        if (hook)
+          hook(e);
+        else if (auto d = driver_.lock())
+          d->on_timeout(e);
         throw e;
       }
       if (failed_) throw error_locked();
@@ -148,8 +155,8 @@ class RequestState {
     f();
   }
   void set_on_timeout(std::function<void(const Error&)> f) { on_timeout_ = std::move(f); }
-  /// The engine that completes this request: its waiter drives it (set once, before the request
-  /// is handed out).
+  /// The engine that completes this request: its waiter drives it, and a timeout aborts it unless
+  /// an on-timeout hook is set (set once, before the request is handed out).
   void set_driver(std::weak_ptr<Driver> d) { driver_ = std::move(d); }
 
   /// True when the request failed; `out` then gets its error.
@@ -201,6 +208,88 @@ class RequestState {
   LazyOp lazy_;
   mutable ErrorContext ctx_;  ///< op filled from lazy_ on first use, under mu_
   std::chrono::milliseconds timeout_;
+};
+
+/// Memory blocks of one size, recycled: the request states of a link (control block and object,
+/// through allocate_shared) come from here, so a link in steady state makes them without touching
+/// the heap. Thread-safe (a request may be freed on any thread). At most kMaxFree blocks are kept.
+class BlockPool {
+ public:
+  static constexpr std::size_t kMaxFree = 256;
+
+  BlockPool() { free_.reserve(kMaxFree); }
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+  ~BlockPool() {
+    for (void* p : free_) ::operator delete(p);
+  }
+
+  void* get(std::size_t n) {
+    {
+      std::lock_guard lk(mu_);
+      if (size_ == 0) size_ = n;
+      if (n == size_ && !free_.empty()) {
+        void* p = free_.back();
+        free_.pop_back();
+        return p;
+      }
+    }
+    return ::operator new(n);
+  }
+  void put(void* p, std::size_t n) {
+    {
+      std::lock_guard lk(mu_);
+      if (n == size_ && free_.size() < kMaxFree) {
+        free_.push_back(p);
+        return;
+      }
+    }
+    ::operator delete(p);
+  }
+
+ private:
+  std::mutex mu_;
+  std::size_t size_ = 0;  ///< the one size kept (the first asked for)
+  std::vector<void*> free_;
+};
+
+/// An allocator over a shared BlockPool (for allocate_shared).
+template <class T>
+struct PoolAllocator {
+  using value_type = T;
+  std::shared_ptr<BlockPool> pool;
+
+  explicit PoolAllocator(std::shared_ptr<BlockPool> p) : pool(std::move(p)) {}
+  template <class U>
+  PoolAllocator(const PoolAllocator<U>& o) : pool(o.pool) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(pool->get(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) { pool->put(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const PoolAllocator<U>& o) const {
+    return pool == o.pool;
+  }
+};
+
+/// The request states of one link: pooled, each naming the link's ends and its engine.
+class RequestFactory {
+ public:
+  RequestFactory(int rank, int peer, std::chrono::milliseconds timeout, std::weak_ptr<Driver> driver)
+      : rank_(rank), peer_(peer), timeout_(timeout), driver_(std::move(driver)) {}
+
+  std::shared_ptr<RequestState> make(const char* verb, std::uint64_t tag, std::size_t bytes,
+                                     std::string (*format)(const char*, std::uint64_t, std::size_t)) {
+    auto req = std::allocate_shared<RequestState>(PoolAllocator<RequestState>(pool_), rank_, peer_,
+                                                  LazyOp{verb, tag, bytes, format}, timeout_);
+    req->set_driver(driver_);
+    return req;
+  }
+
+ private:
+  int rank_;
+  int peer_;
+  std::chrono::milliseconds timeout_;
+  std::weak_ptr<Driver> driver_;
+  std::shared_ptr<BlockPool> pool_ = std::make_shared<BlockPool>();
 };
 
 }  // namespace detail

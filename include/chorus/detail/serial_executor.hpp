@@ -1,7 +1,8 @@
 #pragma once
 /// Runs a communicator's collectives one after another, in the order they were called: on one
 /// worker (asio::thread_pool with one thread) for *_async calls, and on the caller's own thread
-/// for a blocking call that finds nothing queued or running (no thread hop on the latency path).
+/// for a blocking call that finds nothing queued or running (try_run: no thread hop on the
+/// latency path; a blocking call that finds work queued submits and waits instead).
 
 #include <atomic>
 #include <functional>
@@ -28,19 +29,18 @@ class SerialExecutor {
     });
   }
 
-  /// Runs `task` now on this thread when nothing is queued or running; else queues it and waits.
-  void run(const std::function<void()>& task, std::shared_ptr<RequestState> state) {
+  /// Runs `task` now on this thread when nothing is queued or running, and says so; false (nothing
+  /// run) otherwise. A template, so the task is not copied into a std::function (no allocation).
+  template <class F>
+  bool try_run(F& task) {
     int idle = 0;
-    if (pending_.compare_exchange_strong(idle, 1)) {
-      struct Release {
-        std::atomic<int>& p;
-        ~Release() { p.fetch_sub(1); }
-      } release{pending_};
-      task();
-      return;
-    }
-    submit(task, state);
-    state->wait();
+    if (!pending_.compare_exchange_strong(idle, 1)) return false;
+    struct Release {
+      std::atomic<int>& p;
+      ~Release() { p.fetch_sub(1); }
+    } release{pending_};
+    task();
+    return true;
   }
 
  private:

@@ -2,9 +2,9 @@
 // Bodies of Communicator<Transport>; included at the bottom of communicator.hpp.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
-#include <deque>
 #include <limits>
 #include <memory>
 #include <string>
@@ -165,8 +165,11 @@ struct Communicator<T>::State {
   std::atomic<bool> aborted{false};
   /// The last collectives this rank ran (worker or caller thread, one at a time), for the
   /// cross-check through the store when a wait stalls.
-  std::deque<algo::CollectiveDesc> history;
   static constexpr std::size_t kHistory = 16;
+  std::array<algo::CollectiveDesc, kHistory> history{};  ///< a ring: call k at k % kHistory
+  std::uint64_t history_count = 0;
+
+  void remember(const algo::CollectiveDesc& d) { history[history_count++ % kHistory] = d; }
   detail::SerialExecutor exec;      ///< declared last: joined first, before anything it uses goes
 
   ErrorContext ctx(int peer, std::string op) const { return {group.rank, peer, std::move(op)}; }
@@ -205,7 +208,9 @@ struct Communicator<T>::State {
   /// one with what the others published for the same sequence number.
   void cross_check(const algo::CollectiveDesc& mine) {
     std::string blob;
-    for (const auto& d : history) blob.append(reinterpret_cast<const char*>(&d), sizeof d);
+    const std::uint64_t first = history_count > kHistory ? history_count - kHistory : 0;
+    for (std::uint64_t k = first; k < history_count; ++k)
+      blob.append(reinterpret_cast<const char*>(&history[k % kHistory]), sizeof(algo::CollectiveDesc));
     boot.store->set(history_key(group.rank), blob);
     for (int p = 0; p < group.size(); ++p) {
       if (p == group.rank || !boot.store->check({history_key(p)})) continue;
@@ -323,14 +328,8 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
                 ", slices of ", choice.slice_bytes, " bytes");
 
-  auto req = std::make_shared<detail::RequestState>(st.ctx(-1, algo::describe(desc)), st.boot.options.timeout);
-  std::weak_ptr<T> weak = st.transport;
-  req->set_on_timeout([weak](const Error& e) {
-    if (auto t = weak.lock()) t->abort(e);
-  });
   auto task = [&st, desc, args, choice] {
-    st.history.push_back(desc);
-    if (st.history.size() > State::kHistory) st.history.pop_front();
+    st.remember(desc);
     algo::Channel<T> ch(st.group, desc, st.channel_memory,
                         [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
     try {
@@ -345,12 +344,16 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
       throw;
     }
   };
-  if (async) {
-    st.exec.submit(task, req);
-  } else {
-    st.exec.run(task, req);
-    req->complete();
-  }
+  // A blocking call with nothing queued before it runs here and now, and needs no request state
+  // (nothing to allocate: the call's own messages carry the timeouts).
+  if (!async && st.exec.try_run(task)) return Request();
+  auto req = std::make_shared<detail::RequestState>(st.ctx(-1, algo::describe(desc)), st.boot.options.timeout);
+  std::weak_ptr<T> weak = st.transport;
+  req->set_on_timeout([weak](const Error& e) {
+    if (auto t = weak.lock()) t->abort(e);
+  });
+  st.exec.submit(task, req);
+  if (!async) req->wait();
   return Request(req);
 }
 

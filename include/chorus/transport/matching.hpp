@@ -7,12 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <memory>
-#include <deque>
 #include <optional>
 #include <sstream>
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "chorus/core/concepts.hpp"
@@ -44,61 +44,139 @@ inline std::string size_mismatch(std::uint64_t sent, std::size_t posted) {
          std::to_string(posted) + " bytes (sizes must match)";
 }
 
+/// Both lists are vectors in arrival (posting) order, searched from the front: a link rarely
+/// holds more than a few entries, and a vector keeps its capacity, so matching allocates nothing
+/// in steady state (a map of per-tag queues made and freed a node and a queue per message).
 template <class Recv, class Arrival>
 class TagMatcher {
  public:
+  /// Room for as many entries as a link usually holds, so that a new peak of them does not
+  /// allocate mid-run.
+  static constexpr std::size_t kReserve = 16;
+  TagMatcher() {
+    posted_.reserve(kReserve);
+    unexpected_.reserve(kReserve);
+  }
+
   /// A message arrived: the oldest receive posted for its tag, or nullopt (then keep it with
   /// add_unexpected).
-  std::optional<Recv> take_posted(Tag tag) { return take(posted_, tag); }
+  std::optional<Recv> take_posted(Tag tag) {
+    for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+      if (it->tag != tag) continue;
+      std::optional<Recv> r(std::move(*it));
+      posted_.erase(it);
+      return r;
+    }
+    return std::nullopt;
+  }
   /// A receive was posted: calls f(Arrival&) on the oldest unexpected message of its tag and removes
   /// it; false when there is none (then post the receive). (A callback rather than an optional:
   /// moving a variant through std::optional trips g++ 12's -Wmaybe-uninitialized.)
   template <class F>
   bool take_unexpected(Tag tag, F&& f) {
-    auto it = unexpected_.find(tag);
-    if (it == unexpected_.end()) return false;
-    f(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) unexpected_.erase(it);
-    return true;
+    for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+      if (it->tag != tag) continue;
+      f(it->arrival);
+      unexpected_.erase(it);
+      return true;
+    }
+    return false;
   }
 
-  void add_posted(Tag tag, Recv r) { posted_[tag].push_back(std::move(r)); }
-  void add_unexpected(Tag tag, Arrival a) { unexpected_[tag].push_back(std::move(a)); }
+  void add_posted(Tag tag, Recv r) {
+    r.tag = tag;
+    posted_.push_back(std::move(r));
+  }
+  void add_unexpected(Tag tag, Arrival a) { unexpected_.push_back({tag, std::move(a)}); }
 
   /// Removes and returns every posted receive (to fail them when the link breaks).
   template <class F>
   void drain_posted(F&& f) {
-    for (auto& [tag, q] : posted_)
-      for (auto& r : q) f(r);
+    for (auto& r : posted_) f(r);
     posted_.clear();
   }
   /// Removes the unexpected messages for which `pred` returns true, keeping the others in order.
   template <class Pred>
   void remove_unexpected_if(Pred&& pred) {
-    for (auto it = unexpected_.begin(); it != unexpected_.end();) {
-      auto& q = it->second;
-      for (auto a = q.begin(); a != q.end();) a = pred(*a) ? q.erase(a) : std::next(a);
-      it = q.empty() ? unexpected_.erase(it) : std::next(it);
-    }
+    std::erase_if(unexpected_, [&](Unexpected& u) { return pred(u.arrival); });
   }
 
  private:
-  template <class T>
-  static std::optional<T> take(std::unordered_map<Tag, std::deque<T>>& m, Tag tag) {
-    auto it = m.find(tag);
-    if (it == m.end()) return std::nullopt;
-    T v = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) m.erase(it);
-    return v;
-  }
-  std::unordered_map<Tag, std::deque<Recv>> posted_;
-  std::unordered_map<Tag, std::deque<Arrival>> unexpected_;
+  struct Unexpected {
+    Tag tag;
+    Arrival arrival;
+  };
+  std::vector<Recv> posted_;
+  std::vector<Unexpected> unexpected_;
 };
 
-/// Tag layout on links (see communicator.hpp): bits 63..48 communicator context, bit 47 set for
-/// internal traffic (collectives, barrier), low 47 bits the user's tag or the internal sequence.
+/// The buffers of unexpected eager messages, kept once their message was received for the next
+/// one (at most kMax per link, none larger than kMaxBytes), so that messages arriving before
+/// their receives cost no allocation in steady state. It starts with kMax buffers of kFirstBytes
+/// (2 KiB per link): a small message that arrives early never allocates, even the first time
+/// more of them wait at once than ever before.
+class SpareBuffers {
+ public:
+  static constexpr std::size_t kMax = 8;
+  static constexpr std::size_t kMaxBytes = std::size_t(64) << 10;
+  static constexpr std::size_t kFirstBytes = 256;
+
+  SpareBuffers() {
+    spare_.resize(kMax);
+    for (auto& v : spare_) v.reserve(kFirstBytes);
+  }
+  /// A buffer holding a copy of src[0, n).
+  std::vector<std::byte> take(const std::byte* src, std::size_t n) {
+    std::vector<std::byte> v;
+    if (!spare_.empty()) {
+      v = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    v.assign(src, src + n);
+    return v;
+  }
+  void give(std::vector<std::byte>&& v) {
+    if (spare_.size() < kMax && v.capacity() <= kMaxBytes) spare_.push_back(std::move(v));
+  }
+
+ private:
+  std::vector<std::vector<std::byte>> spare_;
+};
+
+/// The messages of a link in flight by id (a send waiting for its clear-to-send, a receive being
+/// filled): the subset of std::unordered_map's interface the links use, over a vector, since a
+/// link holds a few at a time and a vector keeps its capacity (no node per message).
+template <class V>
+class IdMap {
+ public:
+  using value_type = std::pair<std::uint64_t, V>;
+  using iterator = typename std::vector<value_type>::iterator;
+
+  IdMap() { items_.reserve(8); }
+
+  std::pair<iterator, bool> emplace(std::uint64_t id, V v) {
+    if (auto it = find(id); it != end()) return {it, false};
+    items_.emplace_back(id, std::move(v));
+    return {std::prev(items_.end()), true};
+  }
+  iterator find(std::uint64_t id) {
+    for (auto it = items_.begin(); it != items_.end(); ++it)
+      if (it->first == id) return it;
+    return end();
+  }
+  /// Order is not kept: the last entry takes the erased one's place.
+  void erase(iterator it) {
+    if (it != std::prev(items_.end())) *it = std::move(items_.back());
+    items_.pop_back();
+  }
+  iterator begin() { return items_.begin(); }
+  iterator end() { return items_.end(); }
+  void clear() { items_.clear(); }
+
+ private:
+  std::vector<value_type> items_;
+};
+
 inline constexpr Tag kInternalTagBit = Tag(1) << 47;
 inline constexpr int kContextShift = 48;
 

@@ -31,6 +31,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <string>
 
 #include "chorus/core/request.hpp"
 #include "chorus/detail/env.hpp"
@@ -188,6 +189,12 @@ class DrivenEngine : public Driver {
     if (stopped() || !token.try_acquire()) return;
     self().pass();
     token.release();
+  }
+
+  /// A request timed out: every link fails (the waiter throws timeout; nothing is written to its
+  /// buffer afterwards).
+  void on_timeout(const Error& e) final {
+    self().fail_all(ErrorCode::peer_failure, std::string("aborted after a timeout: ") + e.what());
   }
 
   bool stopped() const { return stop.load(std::memory_order_relaxed); }

@@ -27,6 +27,7 @@ using ReqPtr = std::shared_ptr<RequestState>;
 struct RecvOp {
   MutableBytes dst;
   ReqPtr req;
+  Tag tag = 0;  ///< set by the matcher
 };
 struct EagerArrival {
   std::vector<std::byte> data;

@@ -25,19 +25,20 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <variant>
 #include <vector>
+
+#include <boost/circular_buffer.hpp>
 
 #include "chorus/core/concepts.hpp"
 #include "chorus/detail/log.hpp"
@@ -69,32 +70,47 @@ struct Hub {
 };
 
 /// Completions gathered under the lock and run after it is released.
+/// The first kInline completions of a pass live in the object itself, so a pass that completes a
+/// few requests allocates nothing.
 class Completions {
  public:
-  void complete(ReqPtr r, std::size_t bytes) { items_.push_back({std::move(r), true, bytes, {}, {}}); }
-  void fail(ReqPtr r, ErrorCode code, std::string why) {
-    items_.push_back({std::move(r), false, 0, code, std::move(why)});
-  }
+  void complete(ReqPtr r, std::size_t bytes) { add({std::move(r), true, bytes, {}, {}}); }
+  void fail(ReqPtr r, ErrorCode code, std::string why) { add({std::move(r), false, 0, code, std::move(why)}); }
   void run() {
-    for (auto& i : items_) {
-      if (i.ok)
-        i.req->complete(i.bytes);
-      else
-        i.req->fail(i.code, i.why);
-    }
-    items_.clear();
+    for (std::size_t i = 0; i < n_; ++i) finish(i < kInline ? inline_[i] : more_[i - kInline]);
+    n_ = 0;
+    more_.clear();
   }
   ~Completions() { run(); }
 
  private:
   struct Item {
     ReqPtr req;
-    bool ok;
-    std::size_t bytes;
-    ErrorCode code;
+    bool ok = false;
+    std::size_t bytes = 0;
+    ErrorCode code = ErrorCode::system;
     std::string why;
   };
-  std::vector<Item> items_;
+  static constexpr std::size_t kInline = 8;
+
+  void add(Item it) {
+    if (n_ < kInline)
+      inline_[n_] = std::move(it);
+    else
+      more_.push_back(std::move(it));
+    ++n_;
+  }
+  static void finish(Item& i) {
+    ReqPtr r = std::move(i.req);
+    if (i.ok)
+      r->complete(i.bytes);
+    else
+      r->fail(i.code, i.why);
+  }
+
+  std::array<Item, kInline> inline_;
+  std::vector<Item> more_;
+  std::size_t n_ = 0;
 };
 
 using chorus::detail::EagerArrival;
@@ -138,16 +154,9 @@ inline Record make_record(RecordType t, Tag tag, std::uint64_t size, std::uint64
 
 class Link {
  public:
-  using TimeoutHook = std::function<void(const Error&)>;
-
-  Link(int rank, int peer, detail::Hub& hub, std::chrono::milliseconds timeout, TimeoutHook on_timeout,
-       std::weak_ptr<chorus::detail::Driver> driver)
-      : rank_(rank),
-        peer_(peer),
-        hub_(hub),
-        timeout_(timeout),
-        on_timeout_(std::move(on_timeout)),
-        driver_(std::move(driver)) {}
+  /// `driver`: the transport's engine; waiters drive it, and a timeout aborts it.
+  Link(int rank, int peer, detail::Hub& hub, std::chrono::milliseconds timeout, std::weak_ptr<chorus::detail::Driver> driver)
+      : rank_(rank), peer_(peer), hub_(hub), requests_(rank, peer, timeout, std::move(driver)) {}
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
@@ -164,8 +173,7 @@ class Link {
       } else if (data.size <= Policy::kEagerBytes) {
         detail::Record h = detail::make_record(detail::RecordType::eager, tag, data.size);
         h.payload = data.size;
-        queue_.push_back({h, data, req});
-        kick = !pump(done);
+        kick = !post({h, data, req}, done);
       } else if (data.size > Policy::kMaxMessageBytes) {
         done.fail(req, ErrorCode::invalid_argument, "message of " + std::to_string(data.size) + " bytes is too large");
       } else {
@@ -173,8 +181,7 @@ class Link {
         pending_sends_.emplace(id, PendingSend{data, req});
         detail::Record h = detail::make_record(detail::RecordType::rts, tag, data.size, id);
         h.addr = reinterpret_cast<std::uintptr_t>(data.data);
-        queue_.push_back({h, {}, nullptr});
-        kick = !pump(done);
+        kick = !post({h, {}, nullptr}, done);
       }
     }
     if (kick) hub_.kick();
@@ -336,11 +343,7 @@ class Link {
   };
 
   detail::ReqPtr make_request(const char* verb, Tag tag, std::size_t bytes) {
-    auto req = std::make_shared<detail::RequestState>(
-        rank_, peer_, chorus::detail::LazyOp{verb, tag, bytes, &chorus::detail::describe_op}, timeout_);
-    req->set_on_timeout(on_timeout_);
-    req->set_driver(driver_);
-    return req;
+    return requests_.make(verb, tag, bytes, &chorus::detail::describe_op);
   }
 
   void ring_doorbell() {
@@ -349,9 +352,24 @@ class Link {
     [[maybe_unused]] auto k = ::send(sock_.get(), &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
   }
 
-  void enqueue(detail::Record h, detail::Completions& done) {
-    queue_.push_back({h, {}, nullptr});
-    pump(done);
+  void enqueue(detail::Record h, detail::Completions& done) { post({h, {}, nullptr}, done); }
+
+  /// Writes `o` at once when nothing waits before it and the ring has room (no queue operation on
+  /// the common path), else queues it behind the others. True when nothing is left queued.
+  bool post(detail::OutRecord o, detail::Completions& done) {
+    if (queue_.empty() && !o.stream && !failed_ && map_.valid() && out_.try_write(o.h, o.payload.data)) {
+      if (o.req) done.complete(std::move(o.req), o.payload.size);
+      if (out_.take_reader_sleeping()) ring_doorbell();
+      return true;
+    }
+    push_back(queue_, std::move(o));
+    return pump(done);
+  }
+  /// A circular buffer that doubles when full (it never shrinks, so steady state allocates nothing).
+  template <class T>
+  static void push_back(boost::circular_buffer<T>& q, T v) {
+    if (q.full()) q.set_capacity(std::max<std::size_t>(16, 2 * q.capacity()));
+    q.push_back(std::move(v));
   }
 
   /// Writes queued records while there is room; true when the queue is empty.
@@ -421,7 +439,7 @@ class Link {
           return false;
         }
         unexpected_bytes_ += h.size;
-        matcher_.add_unexpected(h.tag, detail::EagerArrival{std::vector<std::byte>(src, src + h.size)});
+        matcher_.add_unexpected(h.tag, detail::EagerArrival{spare_.take(src, h.size)});
         return true;
       }
       case RecordType::rts: {
@@ -459,7 +477,7 @@ class Link {
         pending_sends_.erase(it);
         detail::OutRecord o{detail::make_record(detail::RecordType::data, 0, s.data.size, h.id), s.data, s.req};
         o.stream = true;
-        queue_.push_back(std::move(o));
+        push_back(queue_, std::move(o));
         pump(done);
         return true;
       }
@@ -498,6 +516,7 @@ class Link {
         if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
         done.complete(r.req, e->data.size());
       }
+      spare_.give(std::move(e->data));
       if (paused_ && unexpected_bytes_ <= Policy::kMaxUnexpectedBytes / 2) {
         paused_ = false;
         return true;
@@ -520,7 +539,7 @@ class Link {
       return enqueue(h, done);
     }
     if (cma_) {
-      pulls_.push_back(detail::Pull{std::move(r), id, addr, size});
+      push_back(pulls_, detail::Pull{std::move(r), id, addr, size});
       return;
     }
     if (!active_recv_.emplace(id, ActiveRecv{std::move(r), 0}).second)
@@ -536,9 +555,7 @@ class Link {
   int rank_;
   int peer_;
   detail::Hub& hub_;
-  std::chrono::milliseconds timeout_;
-  TimeoutHook on_timeout_;
-  std::weak_ptr<chorus::detail::Driver> driver_;  ///< the transport's engine: waiters drive it
+  chorus::detail::RequestFactory requests_;  ///< pooled request states, naming the engine
 
   detail::Fd sock_;
   detail::Mapping map_;
@@ -548,10 +565,11 @@ class Link {
   bool cma_ = false;
 
   chorus::detail::TagMatcher<detail::RecvOp, detail::Arrival> matcher_;
-  std::unordered_map<std::uint64_t, PendingSend> pending_sends_;
-  std::unordered_map<std::uint64_t, ActiveRecv> active_recv_;
-  std::deque<detail::OutRecord> queue_;
-  std::deque<detail::Pull> pulls_;
+  chorus::detail::SpareBuffers spare_;
+  chorus::detail::IdMap<PendingSend> pending_sends_;
+  chorus::detail::IdMap<ActiveRecv> active_recv_;
+  boost::circular_buffer<detail::OutRecord> queue_;
+  boost::circular_buffer<detail::Pull> pulls_;
   bool pulling_ = false;
   std::atomic<bool> pull_cancel_{false};
   std::uint64_t next_send_id_ = 1;

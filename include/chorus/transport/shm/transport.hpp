@@ -163,6 +163,11 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
       if (l) l->set_sleeping(false);
   }
   void wake_background() { hub.kick(); }
+  /// Room for every link and the eventfd in the poll lists, so the first sleep allocates nothing.
+  void reserve_polls() {
+    fds_.reserve(links.size() + 1);
+    who_.reserve(links.size() + 1);
+  }
 
   // ---- the background thread ----
 
@@ -223,7 +228,7 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
     }
   }
 
-  // Used by the token's holder only.
+  // Used by the token's holder only (reserved for every link at creation: reserve_polls()).
   std::vector<pollfd> fds_;
   std::vector<Link*> who_;
   Clock::time_point last_check_{};
@@ -278,17 +283,14 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
   if (!engine_->hub.wake)
     detail::throw_errno(ErrorContext{rank_, -1, "shm"}, "eventfd");
   engine_->rank = rank_;
-  std::weak_ptr<detail::Engine> weak = engine_;
-  auto on_timeout = [weak](const Error& e) {
-    if (auto eng = weak.lock()) eng->fail_all(ErrorCode::peer_failure, std::string("aborted after a timeout: ") + e.what());
-  };
   engine_->links.resize(static_cast<std::size_t>(size_));
   const std::weak_ptr<chorus::detail::Driver> weak_driver = engine_;
   for (int p = 0; p < size_; ++p)
     if (p != rank_ && peers[static_cast<std::size_t>(p)])
       engine_->links[static_cast<std::size_t>(p)] =
-          std::make_unique<Link>(rank_, p, engine_->hub, b.options.timeout, on_timeout, weak_driver);
+          std::make_unique<Link>(rank_, p, engine_->hub, b.options.timeout, weak_driver);
   connect(b, peers);
+  engine_->reserve_polls();
   engine_->thread = std::thread([eng = engine_] {
     try {
       eng->run();

@@ -26,7 +26,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -85,17 +84,10 @@ using chorus::detail::size_mismatch;
 
 class Link {
  public:
-  using TimeoutHook = std::function<void(const Error&)>;
-
+  /// `driver`: the transport's engine; waiters drive it, and a timeout aborts it.
   Link(int rank, int peer, chorus::detail::asio::io_context& io, std::chrono::milliseconds timeout,
-       TimeoutHook on_timeout, std::weak_ptr<chorus::detail::Driver> driver)
-      : rank_(rank),
-        peer_(peer),
-        io_(io),
-        socket_(io),
-        timeout_(timeout),
-        on_timeout_(std::move(on_timeout)),
-        driver_(std::move(driver)) {}
+       std::weak_ptr<chorus::detail::Driver> driver)
+      : rank_(rank), peer_(peer), io_(io), socket_(io), requests_(rank, peer, timeout, std::move(driver)) {}
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
@@ -155,11 +147,7 @@ class Link {
 
  private:
   detail::ReqPtr make_request(const char* verb, Tag tag, std::size_t bytes) {
-    auto req = std::make_shared<detail::RequestState>(
-        rank_, peer_, chorus::detail::LazyOp{verb, tag, bytes, &chorus::detail::describe_op}, timeout_);
-    req->set_on_timeout(on_timeout_);
-    req->set_driver(driver_);
-    return req;
+    return requests_.make(verb, tag, bytes, &chorus::detail::describe_op);
   }
 
   void start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req) {
@@ -370,14 +358,12 @@ class Link {
   int peer_;
   asio::io_context& io_;
   asio_tcp::socket socket_;
-  std::chrono::milliseconds timeout_;
-  TimeoutHook on_timeout_;
-  std::weak_ptr<chorus::detail::Driver> driver_;  ///< the transport's engine: waiters drive it
+  chorus::detail::RequestFactory requests_;  ///< pooled request states, naming the engine
 
   // State of the thread that runs the io_context (the one holding the engine's token).
   chorus::detail::TagMatcher<detail::RecvOp, detail::Arrival> matcher_;
-  std::unordered_map<std::uint64_t, detail::RecvOp> active_recv_;
-  std::unordered_map<std::uint64_t, PendingSend> pending_rts_;
+  chorus::detail::IdMap<detail::RecvOp> active_recv_;
+  chorus::detail::IdMap<PendingSend> pending_rts_;
   std::deque<detail::OutFrame> write_queue_;
   std::vector<std::byte> scratch_;
   detail::ReqPtr reading_into_;  ///< the receive whose payload is being read, if any

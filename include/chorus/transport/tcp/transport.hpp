@@ -121,15 +121,11 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
   if (peers_.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, -1, "tcp"}, "peer mask of the wrong size");
   peers_[static_cast<std::size_t>(rank_)] = false;
-  std::weak_ptr<detail::Engine> weak = engine_;
-  auto on_timeout = [weak](const Error& e) {
-    if (auto eng = weak.lock()) eng->fail_all(ErrorCode::peer_failure, std::string("aborted after a timeout: ") + e.what());
-  };
   engine_->links.resize(static_cast<std::size_t>(size_));
   const std::weak_ptr<chorus::detail::Driver> weak_driver = engine_;
   for (int p = 0; p < size_; ++p)
     if (peers_[static_cast<std::size_t>(p)])
-      engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, on_timeout, weak_driver);
+      engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, weak_driver);
   if (std::find(peers_.begin(), peers_.end(), true) != peers_.end()) connect_all(b);
   for (auto& l : engine_->links) {
     if (!l) continue;
