@@ -1,6 +1,6 @@
 // Steady-state blocking collectives allocate nothing: this executable replaces the global
 // operator new with one that counts, and each rank (a process of its own) checks that a run of
-// blocking all_reduces of 8 B and of 1 MiB over shm made no heap allocation in the
+// blocking all_reduces of 8 B and of 1 MiB, over shm and over tcp, made no heap allocation in the
 // whole process (the background threads included) once warmed up. CHORUS_TEST_ALLOC_TRACE=1
 // prints a backtrace of every allocation it counts (symbolise with addr2line -f -C -e).
 #include "chorus/chorus.hpp"
@@ -120,6 +120,12 @@ TEST_CASE("blocking all_reduce allocates nothing in steady state: shm, 2 ranks")
 }
 TEST_CASE("blocking all_reduce allocates nothing in steady state: shm, 3 ranks") {
   check_no_allocation<chorus::shm::Transport>(3);
+}
+TEST_CASE("blocking all_reduce allocates nothing in steady state: tcp, 2 ranks") {
+  check_no_allocation<chorus::tcp::Transport>(2);
+}
+TEST_CASE("blocking all_reduce allocates nothing in steady state: tcp, 3 ranks") {
+  check_no_allocation<chorus::tcp::Transport>(3);
 }
 
 }  // namespace

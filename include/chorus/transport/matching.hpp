@@ -4,6 +4,7 @@
 /// which is what makes messages arrive in order per (peer, tag) while different tags stay
 /// independent. Not thread-safe: each transport guards it (a mutex, or its one progress thread).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <boost/circular_buffer.hpp>
 
 #include "chorus/core/concepts.hpp"
 
@@ -110,6 +113,14 @@ class TagMatcher {
   std::vector<Unexpected> unexpected_;
 };
 
+/// Appends to a circular buffer, doubling it when full: a queue that never shrinks, so a link's
+/// queues allocate nothing in steady state.
+template <class T>
+void push_back_growing(boost::circular_buffer<T>& q, T v) {
+  if (q.full()) q.set_capacity(std::max<std::size_t>(16, 2 * q.capacity()));
+  q.push_back(std::move(v));
+}
+
 /// The buffers of unexpected eager messages, kept once their message was received for the next
 /// one (at most kMax per link, none larger than kMaxBytes), so that messages arriving before
 /// their receives cost no allocation in steady state. It starts with kMax buffers of kFirstBytes
@@ -127,12 +138,14 @@ class SpareBuffers {
   }
   /// A buffer holding a copy of src[0, n).
   std::vector<std::byte> take(const std::byte* src, std::size_t n) {
-    std::vector<std::byte> v;
-    if (!spare_.empty()) {
-      v = std::move(spare_.back());
-      spare_.pop_back();
-    }
+    std::vector<std::byte> v = take_one();
     v.assign(src, src + n);
+    return v;
+  }
+  /// A buffer of n bytes (to read into).
+  std::vector<std::byte> take(std::size_t n) {
+    std::vector<std::byte> v = take_one();
+    v.resize(n);
     return v;
   }
   void give(std::vector<std::byte>&& v) {
@@ -140,6 +153,12 @@ class SpareBuffers {
   }
 
  private:
+  std::vector<std::byte> take_one() {
+    if (spare_.empty()) return {};
+    std::vector<std::byte> v = std::move(spare_.back());
+    spare_.pop_back();
+    return v;
+  }
   std::vector<std::vector<std::byte>> spare_;
 };
 

@@ -38,8 +38,6 @@
 #include <variant>
 #include <vector>
 
-#include <boost/circular_buffer.hpp>
-
 #include "chorus/core/concepts.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/matching.hpp"
@@ -362,14 +360,8 @@ class Link {
       if (out_.take_reader_sleeping()) ring_doorbell();
       return true;
     }
-    push_back(queue_, std::move(o));
+    chorus::detail::push_back_growing(queue_, std::move(o));
     return pump(done);
-  }
-  /// A circular buffer that doubles when full (it never shrinks, so steady state allocates nothing).
-  template <class T>
-  static void push_back(boost::circular_buffer<T>& q, T v) {
-    if (q.full()) q.set_capacity(std::max<std::size_t>(16, 2 * q.capacity()));
-    q.push_back(std::move(v));
   }
 
   /// Writes queued records while there is room; true when the queue is empty.
@@ -477,7 +469,7 @@ class Link {
         pending_sends_.erase(it);
         detail::OutRecord o{detail::make_record(detail::RecordType::data, 0, s.data.size, h.id), s.data, s.req};
         o.stream = true;
-        push_back(queue_, std::move(o));
+        chorus::detail::push_back_growing(queue_, std::move(o));
         pump(done);
         return true;
       }
@@ -539,7 +531,7 @@ class Link {
       return enqueue(h, done);
     }
     if (cma_) {
-      push_back(pulls_, detail::Pull{std::move(r), id, addr, size});
+      chorus::detail::push_back_growing(pulls_, detail::Pull{std::move(r), id, addr, size});
       return;
     }
     if (!active_recv_.emplace(id, ActiveRecv{std::move(r), 0}).second)

@@ -22,7 +22,6 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,6 +32,7 @@
 #include "chorus/detail/asio.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/matching.hpp"
+#include "chorus/transport/tcp/detail/handler_memory.hpp"
 
 namespace chorus::tcp {
 
@@ -95,13 +95,13 @@ class Link {
 
   Request isend(ConstBytes data, Tag tag) {
     auto req = make_request("send", tag, data.size);
-    asio::post(io_, [this, data, tag, req] { start_send(data, tag, req); });
+    asio::post(io_, detail::bind_memory(handlers_, [this, data, tag, req] { start_send(data, tag, req); }));
     return Request(req);
   }
 
   Request irecv(MutableBytes data, Tag tag) {
     auto req = make_request("recv", tag, data.size);
-    asio::post(io_, [this, data, tag, req] { start_recv(detail::RecvOp{data, req, tag}); });
+    asio::post(io_, detail::bind_memory(handlers_, [this, data, tag, req] { start_recv(detail::RecvOp{data, req, tag}); }));
     return Request(req);
   }
 
@@ -178,6 +178,7 @@ class Link {
         if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
         r.req->complete(e->data.size());
       }
+      spare_.give(std::move(e->data));
       if (paused_ && unexpected_bytes_ <= Policy::kMaxUnexpectedBytes) {
         paused_ = false;
         read_header();
@@ -208,29 +209,30 @@ class Link {
   static constexpr std::size_t kMaxBatch = 32;  ///< frames per write
 
   void enqueue(detail::OutFrame f) {
-    write_queue_.push_back(std::move(f));
+    chorus::detail::push_back_growing(write_queue_, std::move(f));
     if (writing_ || write_posted_) return;
     write_posted_ = true;
-    asio::post(io_, [this] {
+    asio::post(io_, detail::bind_memory(handlers_, [this] {
       write_posted_ = false;
       write_next();
-    });
+    }));
   }
 
   void write_next() {
     if (writing_ || failed_ || write_queue_.empty()) return;
     writing_ = true;
-    // The frames stay in the queue (a deque: their addresses hold while more are appended) until
-    // the write completes.
+    // The frames stay in the queue until the write completes; their headers are copied to
+    // batch_headers_, since the queue may reallocate while more frames are appended.
     batch_.clear();
     batch_frames_ = 0;
     for (auto& f : write_queue_) {
       if (batch_frames_ == kMaxBatch) break;
-      batch_.push_back(asio::buffer(&f.h, sizeof f.h));
+      batch_headers_[batch_frames_] = f.h;  // the queue may grow (and move) during the write
+      batch_.push_back(asio::buffer(&batch_headers_[batch_frames_], sizeof f.h));
       if (f.payload.size != 0) batch_.push_back(asio::buffer(f.payload.data, f.payload.size));
       ++batch_frames_;
     }
-    asio::async_write(socket_, batch_, [this](const boost::system::error_code& ec, std::size_t) {
+    asio::async_write(socket_, detail::BufferRange{batch_.data(), batch_.data() + batch_.size()}, detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t) {
       writing_ = false;
       if (failed_) return write_queue_.clear();
       if (ec) return fail(ErrorCode::peer_failure, "write to peer failed: " + ec.message());
@@ -246,18 +248,18 @@ class Link {
       for (std::size_t i = 0; i < k; ++i)
         if (done[i].first) done[i].first->complete(done[i].second);
       write_next();
-    });
+    }));
   }
 
   // ---- reading: header, then the payload it announces ----
 
   void read_header() {
     if (failed_) return;
-    asio::async_read(socket_, asio::buffer(&in_, sizeof in_), [this](const boost::system::error_code& ec, std::size_t) {
+    asio::async_read(socket_, asio::buffer(&in_, sizeof in_), detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t) {
       if (failed_) return;
       if (ec) return on_read_error(ec);
       on_header();
-    });
+    }));
   }
 
   void on_read_error(const boost::system::error_code& ec) {
@@ -291,12 +293,14 @@ class Link {
           auto req = r->req;
           return read_payload(r->dst, [r = std::move(*r), size = h.size] { r.req->complete(size); }, std::move(req));
         }
-        auto buf = std::make_shared<std::vector<std::byte>>(h.size);
-        return read_payload({buf->data(), buf->size()}, [this, buf, tag = h.tag] {
+        // One payload is read at a time: into a spare buffer, kept here until it is in.
+        unexpected_in_ = spare_.take(h.size);
+        return read_payload({unexpected_in_.data(), unexpected_in_.size()}, [this, tag = h.tag] {
           // A receive may have been posted while the payload was being read.
-          unexpected_bytes_ += buf->size();
-          if (auto r = matcher_.take_posted(tag)) return match(std::move(*r), detail::EagerArrival{std::move(*buf)});
-          matcher_.add_unexpected(tag, detail::EagerArrival{std::move(*buf)});
+          unexpected_bytes_ += unexpected_in_.size();
+          if (auto r = matcher_.take_posted(tag))
+            return match(std::move(*r), detail::EagerArrival{std::move(unexpected_in_)});
+          matcher_.add_unexpected(tag, detail::EagerArrival{std::move(unexpected_in_)});
           if (unexpected_bytes_ > Policy::kMaxUnexpectedBytes) paused_ = true;
         });
       }
@@ -340,13 +344,14 @@ class Link {
   void read_payload(MutableBytes dst, F done, detail::ReqPtr into = nullptr) {
     reading_into_ = std::move(into);
     asio::async_read(socket_, asio::buffer(dst.data, dst.size),
-                     [this, done = std::move(done)](const boost::system::error_code& ec, std::size_t) mutable {
+                     detail::bind_memory(handlers_, [this, done = std::move(done)](const boost::system::error_code& ec,
+                                                                                   std::size_t) mutable {
                        if (failed_) return;
                        if (ec) return on_read_error(ec);
                        reading_into_.reset();
                        done();
                        if (!paused_) read_header();
-                     });
+                     }));
   }
 
   struct PendingSend {
@@ -364,7 +369,10 @@ class Link {
   chorus::detail::TagMatcher<detail::RecvOp, detail::Arrival> matcher_;
   chorus::detail::IdMap<detail::RecvOp> active_recv_;
   chorus::detail::IdMap<PendingSend> pending_rts_;
-  std::deque<detail::OutFrame> write_queue_;
+  boost::circular_buffer<detail::OutFrame> write_queue_;  ///< grows, never shrinks (push_back_growing)
+  chorus::detail::SpareBuffers spare_;
+  std::vector<std::byte> unexpected_in_;  ///< the unexpected eager payload being read
+  detail::HandlerMemory handlers_;        ///< the asynchronous operations' memory
   std::vector<std::byte> scratch_;
   detail::ReqPtr reading_into_;  ///< the receive whose payload is being read, if any
   detail::FrameHeader in_;
@@ -373,6 +381,7 @@ class Link {
   bool writing_ = false;
   bool write_posted_ = false;                  ///< a write_next is posted
   std::vector<asio::const_buffer> batch_;      ///< the frames of the write in flight
+  std::array<detail::FrameHeader, kMaxBatch> batch_headers_;  ///< their headers
   std::size_t batch_frames_ = 0;
   bool paused_ = false;
   bool failed_ = false;
