@@ -31,6 +31,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <string>
 
 #include "chorus/core/request.hpp"
@@ -73,7 +74,8 @@ struct ProgressPolicy {
 
 /// Who may drive an engine now, and where its background thread parks.
 /// Not re-entrant: completion callbacks (RequestState::then) run on the driver with the token
-/// held, so they must not wait for or test a request of the same engine (none does today).
+/// held, so they must not wait for a request of the same engine (none does today); test() and
+/// the links check held_here() first.
 class DriveToken {
  public:
   using Clock = std::chrono::steady_clock;
@@ -93,8 +95,18 @@ class DriveToken {
     DriveToken& t_;
   };
 
-  bool try_acquire() { return mu_.try_lock(); }
-  void release() { mu_.unlock(); }
+  /// Takes the token if it is free (never call it while holding it: held_here()).
+  bool try_acquire() {
+    if (!mu_.try_lock()) return false;
+    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    return true;
+  }
+  void release() {
+    owner_.store(std::thread::id(), std::memory_order_relaxed);
+    mu_.unlock();
+  }
+  /// True on the thread that holds the token (a completion callback run by a driver).
+  bool held_here() const { return owner_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
 
   /// Background side: true while no caller drives or has driven within kHandover.
   bool background_may_run() const {
@@ -126,6 +138,7 @@ class DriveToken {
 
  private:
   std::mutex mu_;  ///< the token itself
+  std::atomic<std::thread::id> owner_{};
   std::atomic<int> callers_{0};
   std::atomic<Clock::rep> last_left_{0};
   std::atomic<bool> background_holds_{false};
@@ -186,7 +199,7 @@ class DrivenEngine : public Driver {
 
   /// One pass for Request::test(), when the token is free.
   void poll() final {
-    if (stopped() || !token.try_acquire()) return;
+    if (stopped() || token.held_here() || !token.try_acquire()) return;
     self().pass();
     token.release();
   }

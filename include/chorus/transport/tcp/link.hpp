@@ -18,8 +18,13 @@
 /// thread that runs it (a waiting caller or the background thread, one at a time: see
 /// transport/progress.hpp) touches the socket and the matching state.
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <array>
+#include <atomic>
 #include <bit>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -32,6 +37,7 @@
 #include "chorus/detail/asio.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/matching.hpp"
+#include "chorus/transport/progress.hpp"
 #include "chorus/transport/tcp/detail/handler_memory.hpp"
 
 namespace chorus::tcp {
@@ -76,6 +82,7 @@ struct OutFrame {
   FrameHeader h;
   ConstBytes payload;
   ReqPtr req;  ///< completed when the frame is written (eager, data); null for control frames
+  std::size_t sent = 0;  ///< bytes of header and payload already written (by send_now)
 };
 
 using chorus::detail::size_mismatch;
@@ -85,9 +92,15 @@ using chorus::detail::size_mismatch;
 class Link {
  public:
   /// `driver`: the transport's engine; waiters drive it, and a timeout aborts it.
+  /// `token`: the engine's; whoever holds it may touch this link's state.
   Link(int rank, int peer, chorus::detail::asio::io_context& io, std::chrono::milliseconds timeout,
-       std::weak_ptr<chorus::detail::Driver> driver)
-      : rank_(rank), peer_(peer), io_(io), socket_(io), requests_(rank, peer, timeout, std::move(driver)) {}
+       std::weak_ptr<chorus::detail::Driver> driver, chorus::detail::DriveToken& token)
+      : rank_(rank),
+        peer_(peer),
+        io_(io),
+        socket_(io),
+        requests_(rank, peer, timeout, std::move(driver)),
+        token_(token) {}
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
@@ -95,14 +108,34 @@ class Link {
 
   Request isend(ConstBytes data, Tag tag) {
     auto req = make_request("send", tag, data.size);
-    asio::post(io_, detail::bind_memory(handlers_, [this, data, tag, req] { start_send(data, tag, req); }));
+    start([this, data, tag, req] { start_send(data, tag, req); });
     return Request(req);
   }
 
   Request irecv(MutableBytes data, Tag tag) {
     auto req = make_request("recv", tag, data.size);
-    asio::post(io_, detail::bind_memory(handlers_, [this, data, tag, req] { start_recv(detail::RecvOp{data, req, tag}); }));
+    start([this, data, tag, req] { start_recv(detail::RecvOp{data, req, tag}); });
     return Request(req);
+  }
+
+  /// Runs `op` (start_send or start_recv) on this thread when nobody runs the io_context and no
+  /// earlier operation still waits in its queue (order is kept), else posts it there. Running it
+  /// here saves a handler and the reactor's wake-up on the latency path.
+  template <class F>
+  void start(F op) {
+    if (!token_.held_here() && token_.try_acquire()) {
+      if (queued_starts_.load(std::memory_order_relaxed) == 0) {
+        op();
+        token_.release();
+        return;
+      }
+      token_.release();
+    }
+    queued_starts_.fetch_add(1, std::memory_order_relaxed);
+    asio::post(io_, detail::bind_memory(handlers_, [this, op = std::move(op)] {
+      queued_starts_.fetch_sub(1, std::memory_order_relaxed);
+      op();
+    }));
   }
 
   // ---- progress thread only ----
@@ -209,6 +242,15 @@ class Link {
   static constexpr std::size_t kMaxBatch = 32;  ///< frames per write
 
   void enqueue(detail::OutFrame f) {
+    // Nothing queued and no write in flight: the frame goes straight to the socket (one sendmsg,
+    // no Asio operation). What the socket does not take waits in the queue for an async_write.
+    if (!writing_ && !write_posted_ && write_queue_.empty() && !failed_) {
+      f.sent = send_now(f.h, f.payload);
+      if (f.sent == sizeof f.h + f.payload.size) {
+        if (f.req) f.req->complete(f.payload.size);
+        return;
+      }
+    }
     chorus::detail::push_back_growing(write_queue_, std::move(f));
     if (writing_ || write_posted_) return;
     write_posted_ = true;
@@ -228,8 +270,11 @@ class Link {
     for (auto& f : write_queue_) {
       if (batch_frames_ == kMaxBatch) break;
       batch_headers_[batch_frames_] = f.h;  // the queue may grow (and move) during the write
-      batch_.push_back(asio::buffer(&batch_headers_[batch_frames_], sizeof f.h));
-      if (f.payload.size != 0) batch_.push_back(asio::buffer(f.payload.data, f.payload.size));
+      // f.sent: bytes send_now() wrote already (the first frame only).
+      const auto* head = reinterpret_cast<const std::byte*>(&batch_headers_[batch_frames_]);
+      if (f.sent < sizeof f.h) batch_.push_back(asio::buffer(head + f.sent, sizeof f.h - f.sent));
+      const std::size_t skip = f.sent > sizeof f.h ? f.sent - sizeof f.h : 0;
+      if (f.payload.size > skip) batch_.push_back(asio::buffer(f.payload.data + skip, f.payload.size - skip));
       ++batch_frames_;
     }
     asio::async_write(socket_, detail::BufferRange{batch_.data(), batch_.data() + batch_.size()}, detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t) {
@@ -249,6 +294,20 @@ class Link {
         if (done[i].first) done[i].first->complete(done[i].second);
       write_next();
     }));
+  }
+
+  /// Writes what the socket takes of a frame now, without blocking; the bytes written (0 on
+  /// EAGAIN or an error, which the async_write that follows then reports).
+  std::size_t send_now(const detail::FrameHeader& h, ConstBytes payload) {
+    iovec iov[2] = {{const_cast<detail::FrameHeader*>(&h), sizeof h}, {const_cast<std::byte*>(payload.data), payload.size}};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = payload.size != 0 ? 2 : 1;
+    ssize_t k;
+    do {
+      k = ::sendmsg(socket_.native_handle(), &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (k < 0 && errno == EINTR);
+    return k > 0 ? static_cast<std::size_t>(k) : 0;
   }
 
   // ---- reading: header, then the payload it announces ----
@@ -364,6 +423,10 @@ class Link {
   asio::io_context& io_;
   asio_tcp::socket socket_;
   chorus::detail::RequestFactory requests_;  ///< pooled request states, naming the engine
+  chorus::detail::DriveToken& token_;
+  /// start()s posted and not yet run: while any is, later ones are posted behind it. Changed
+  /// under the token (or by the posting thread before it posts).
+  std::atomic<int> queued_starts_{0};
 
   // State of the thread that runs the io_context (the one holding the engine's token).
   chorus::detail::TagMatcher<detail::RecvOp, detail::Arrival> matcher_;

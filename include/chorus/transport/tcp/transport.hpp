@@ -125,7 +125,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
   const std::weak_ptr<chorus::detail::Driver> weak_driver = engine_;
   for (int p = 0; p < size_; ++p)
     if (peers_[static_cast<std::size_t>(p)])
-      engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, weak_driver);
+      engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, weak_driver, engine_->token);
   if (std::find(peers_.begin(), peers_.end(), true) != peers_.end()) connect_all(b);
   for (auto& l : engine_->links) {
     if (!l) continue;
