@@ -61,8 +61,9 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
   void sleep_until(Clock::time_point until) { io.run_one_until(until); }
   /// A handler for the background thread's reactor wait to return for.
   void wake_background() {
-    asio::post(io, [] {});
+    asio::post(io, bind_memory(wake_memory, [] {}));
   }
+  HandlerMemory wake_memory;  ///< for those handlers (no allocation when a caller takes over)
 
   // ---- the background thread ----
   void run() {
