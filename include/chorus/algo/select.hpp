@@ -42,18 +42,25 @@ inline Algorithm parse_algorithm(std::string_view s, std::string_view what) {
                   "' is not one of auto, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination");
 }
 
-/// Latency per message (seconds) and time per byte (seconds) of a transport.
+/// Latency per message (seconds), time per byte (seconds) and pipeline slice (bytes) of a
+/// transport.
 struct TransportModel {
   double alpha;
   double beta;
+  std::size_t slice;
 };
-/// Loopback TCP on a 2-core machine: ~30 us per message, ~3 GB/s (bench/p2p/tcp_pingpong).
-inline constexpr TransportModel kTcpModel{30e-6, 1.0 / 3e9};
-/// Processes of one host over shm: ~10 us per message through the progress threads (a wake-up
-/// each side), ~5 GB/s one copy (bench/p2p/tcp_pingpong --transport shm).
-inline constexpr TransportModel kShmModel{10e-6, 1.0 / 5e9};
+/// Loopback TCP on a 2-core machine: ~10 us per message with the waiting thread driving the
+/// socket (an 8-byte all_reduce of 2 ranks, one step: about 10 us), ~3 GB/s
+/// (bench/p2p/tcp_pingpong); slices of 512 KiB.
+inline constexpr TransportModel kTcpModel{10e-6, 1.0 / 3e9, 512 << 10};
+/// Processes of one host over shm: ~3 us per message with the waiting thread polling the ring
+/// (an 8-byte all_reduce step takes about 1 us with 2 ranks on 2 cores, 4-7 us with 4; 3 us puts
+/// the switch from recursive doubling to the ring at 32-64 KiB, where messages leave the ring for
+/// cross-memory pulls and the measured curves cross), ~5 GB/s one copy; slices of 256 KiB (a
+/// pull each: larger ones pipeline less, smaller ones pay a system call more often).
+inline constexpr TransportModel kShmModel{3e-6, 1.0 / 5e9, 256 << 10};
 /// Threads of one process: a lock and a memcpy.
-inline constexpr TransportModel kInprocModel{2e-6, 1.0 / 8e9};
+inline constexpr TransportModel kInprocModel{2e-6, 1.0 / 8e9, 64 << 10};
 
 /// Host reduction speed per byte of buffer: float32 sum of 64 MiB runs at ~30 GB/s of traffic
 /// (3 bytes moved per byte reduced) on a busy 2-core machine (bench/micro/reduce_bench).
@@ -78,15 +85,8 @@ struct Overrides {
   }
 };
 
-/// Slices: big enough that per-message latency is amortised (4 alpha/beta bytes, ~360 KiB on
-/// tcp), small enough to pipeline: a power of two between 64 KiB and 1 MiB; or the override.
-inline std::size_t slice_bytes(const TransportModel& m, const Overrides& o) {
-  if (o.slice_bytes != 0) return o.slice_bytes;
-  const double amortise = 4 * m.alpha / m.beta;
-  std::size_t slice = 64 << 10;
-  while (slice < amortise && slice < (1u << 20)) slice <<= 1;
-  return slice;
-}
+/// Slices: the transport's (TransportModel::slice), or the override.
+inline std::size_t slice_bytes(const TransportModel& m, const Overrides& o) { return o.slice_bytes != 0 ? o.slice_bytes : m.slice; }
 
 /// The algorithms each collective has, and the model's pick.
 inline Choice select(CollectiveKind kind, std::size_t bytes, int n, const TransportModel& m, const Overrides& o) {
