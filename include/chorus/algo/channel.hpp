@@ -396,15 +396,19 @@ class Channel {
   /// descriptors that have arrived); the request's own timeout still bounds the whole wait.
   void wait_request(Request& r, int peer = -1) {
     if (!r.valid()) return;
+    if (r.state()->done()) return r.wait();  // throws its error; no clock read
     if (on_stall_ || peer >= 0) {
-      const auto deadline = std::chrono::steady_clock::now() + r.state()->timeout();
-      while (std::chrono::steady_clock::now() < deadline) {
-        if (r.state()->wait_for(kStallCheck)) return;
+      using Clock = std::chrono::steady_clock;
+      auto now = Clock::now();
+      const auto deadline = now + r.state()->timeout();
+      while (now < deadline) {
+        if (r.state()->wait_before(std::min(deadline, now + kStallCheck))) return;
         for (int p = 0; peer >= 0 && mem_ && p < size(); ++p) {
           Peer& q = this->peer(p);
           if (!q.checked && q.desc_recv.valid() && q.desc_recv.test()) check_separate(p);
         }
         if (on_stall_) on_stall_(stamp_.desc);
+        now = Clock::now();
       }
       return r.state()->wait_until(deadline);  // throws timeout (the transport aborts) unless done
     }

@@ -46,6 +46,9 @@ class Driver {
   /// early, with `r` possibly still pending, when the engine is stopped. Another thread driving
   /// the same engine at the time makes this wait for `r` instead.
   virtual void drive(const RequestState& r, Clock::time_point deadline) = 0;
+  /// The same, until `ready(ctx)` holds: for a wait on something that is not a request (an shm
+  /// mailbox); ready must be cheap and must not block.
+  virtual void drive_until(bool (*ready)(const void*), const void* ctx, Clock::time_point deadline) = 0;
   /// One non-blocking pass over the links, when no other thread drives them (Request::test()).
   virtual void poll() = 0;
   /// A request of this engine timed out: abort the engine, so no buffer is written after the
@@ -92,10 +95,14 @@ class RequestState {
   }
   /// Waits until done or until the timeout; on timeout runs the on-timeout hook (the transport
   /// aborts, so the buffer is never written after wait() has thrown) and throws timeout.
-  void wait() { wait_until(Clock::now() + timeout_); }
+  void wait() {
+    if (done()) return settled();  // no clock read for a request that is already complete
+    wait_until(Clock::now() + timeout_);
+  }
   /// As wait(), for a caller that has already waited part of the timeout (polling with
   /// wait_for): the deadline is the start of its wait plus timeout().
   void wait_until(Clock::time_point deadline) {
+    if (done()) return settled();
     drive(deadline);
     {
       std::unique_lock lk(mu_);
@@ -116,7 +123,12 @@ class RequestState {
   /// Waits at most `d`: true when done (throws its error if it failed), false when still pending.
   /// No timeout handling: callers that poll with it bound the total themselves.
   bool wait_for(std::chrono::milliseconds d) {
-    const auto deadline = Clock::now() + d;
+    if (done()) return settled(), true;
+    return wait_before(Clock::now() + d);
+  }
+  /// As wait_for, until `deadline`.
+  bool wait_before(Clock::time_point deadline) {
+    if (done()) return settled(), true;
     drive(deadline);
     std::unique_lock lk(mu_);
     if (!cv_.wait_until(lk, deadline, [&] { return done(); })) return false;
@@ -183,6 +195,14 @@ class RequestState {
     }
     cv_.notify_all();
     if (then) then();
+  }
+
+  /// A done request: throws its error if it failed. failed_ was written before done_ was set
+  /// (release), and done() read it (acquire), so it is read here without the lock.
+  void settled() const {
+    if (!failed_) return;
+    std::lock_guard lk(mu_);
+    throw error_locked();
   }
 
   /// The waiting thread makes the progress itself, where the request's engine lends it a driver.
@@ -275,6 +295,7 @@ class RequestFactory {
  public:
   RequestFactory(int rank, int peer, std::chrono::milliseconds timeout, std::weak_ptr<Driver> driver)
       : rank_(rank), peer_(peer), timeout_(timeout), driver_(std::move(driver)) {}
+  const std::weak_ptr<Driver>& driver() const { return driver_; }
 
   std::shared_ptr<RequestState> make(const char* verb, std::uint64_t tag, std::size_t bytes,
                                      std::string (*format)(const char*, std::uint64_t, std::size_t)) {

@@ -18,9 +18,13 @@
 /// An engine provides, for drive():
 ///   bool pass();                           one non-blocking pass over every link (token held);
 ///                                          true when anything moved
-///   void spin_wait();                      a short pause between passes while spinning (may end
-///                                          early when work becomes visible)
-///   void sleep_until(Clock::time_point);   the one wait that covers every link (token held)
+///   void spin_wait(const Ready& ready);    a short pause between passes while spinning (may end
+///                                          early when work becomes visible or ready() holds)
+///   void sleep_until(Clock::time_point, const Ready& ready);
+///                                          the one wait that covers every link (token held); it
+///                                          does not block when ready() holds once the engine has
+///                                          announced that it sleeps (a wake-up for a condition
+///                                          that is not a request: a mailbox, shm/detail/segment.hpp)
 ///   void wake_background();                makes a background thread that holds the token let go
 /// and derives from DrivenEngine<Engine>, which does the rest.
 
@@ -29,6 +33,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -85,7 +90,9 @@ class DriveToken {
    public:
     explicit Caller(DriveToken& t) : t_(t) { t_.callers_.fetch_add(1, std::memory_order_seq_cst); }
     ~Caller() {
-      t_.last_left_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+      // A new value tells the background thread that a caller was here (no clock read: this
+      // runs once per wait). Racing callers may store the same value; any change is enough.
+      t_.left_gen_.store(t_.left_gen_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       t_.callers_.fetch_sub(1, std::memory_order_seq_cst);
     }
     Caller(const Caller&) = delete;
@@ -108,11 +115,20 @@ class DriveToken {
   /// True on the thread that holds the token (a completion callback run by a driver).
   bool held_here() const { return owner_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
 
-  /// Background side: true while no caller drives or has driven within kHandover.
-  bool background_may_run() const {
+  /// Background side (its thread only): true when no caller drives and none has left since the
+  /// background thread first saw the present state, at least kHandover ago (so between kHandover
+  /// and about twice that after the last caller left, the background thread parking kHandover
+  /// between looks).
+  bool background_may_run() {
     if (callers_.load(std::memory_order_seq_cst) != 0) return false;
-    const auto left = Clock::time_point(Clock::duration(last_left_.load(std::memory_order_relaxed)));
-    return Clock::now() - left >= ProgressPolicy::kHandover;
+    const auto gen = left_gen_.load(std::memory_order_relaxed);
+    const auto now = Clock::now();
+    if (gen != seen_gen_ || seen_at_ == Clock::time_point{}) {
+      seen_gen_ = gen;
+      seen_at_ = now;
+      return false;
+    }
+    return now - seen_at_ >= ProgressPolicy::kHandover;
   }
   bool callers_waiting() const { return callers_.load(std::memory_order_seq_cst) != 0; }
   /// Set by the background thread while it holds the token (a caller then wakes it).
@@ -140,7 +156,9 @@ class DriveToken {
   std::mutex mu_;  ///< the token itself
   std::atomic<std::thread::id> owner_{};
   std::atomic<int> callers_{0};
-  std::atomic<Clock::rep> last_left_{0};
+  std::atomic<std::uint64_t> left_gen_{0};  ///< changed by every caller that leaves drive()
+  std::uint64_t seen_gen_ = 0;               ///< background thread: left_gen_ when it last looked
+  Clock::time_point seen_at_{};              ///< ... and since when it has been the same
   std::atomic<bool> background_holds_{false};
   std::mutex park_mu_;
   std::condition_variable park_cv_;
@@ -156,45 +174,19 @@ class DrivenEngine : public Driver {
   DrivenEngine() { (void)ProgressPolicy::spin(); }
 
   void drive(const RequestState& r, Clock::time_point deadline) final {
-    Engine& e = self();
-    DriveToken::Caller in(token);
-    bool woke = false;
-    while (!token.try_acquire()) {
-      if (r.done() || stopped() || Clock::now() >= deadline) return;
-      if (token.background_holds()) {
-        if (!woke) e.wake_background();
-        woke = true;
-        cpu_relax();
-        ::sched_yield();
-      } else {
-        // Another caller drives: its passes complete this request too. Look again shortly, since
-        // it leaves once its own request is done.
-        r.settle_until(std::min(deadline, Clock::now() + std::chrono::microseconds(100)));
-      }
-    }
-    struct Release {
-      DriveToken& t;
-      ~Release() { t.release(); }
-    } release{token};
-    const auto spin = ProgressPolicy::spin();
-    auto spin_end = Clock::now() + spin;
-    for (;;) {
-      if (r.done() || stopped()) return;
-      const bool moved = e.pass();
-      if (r.done()) return;
-      const auto now = Clock::now();
-      if (now >= deadline) return;
-      if (moved) {
-        spin_end = now + spin;
-        continue;
-      }
-      if (now < spin_end) {
-        e.spin_wait();
-        continue;
-      }
-      e.sleep_until(std::min(deadline, now + ProgressPolicy::kMaxSleep));
-      spin_end = Clock::now() + spin;
-    }
+    drive_while([&r] { return r.done(); },
+                // Another caller drives: its passes complete this request too. Look again
+                // shortly, since it leaves once its own request is done.
+                [&r](Clock::time_point t) { r.settle_until(t); }, deadline);
+  }
+
+  void drive_until(bool (*ready)(const void*), const void* ctx, Clock::time_point deadline) final {
+    drive_while([ready, ctx] { return ready(ctx); },
+                [](Clock::time_point) {
+                  cpu_relax();
+                  ::sched_yield();
+                },
+                deadline);
   }
 
   /// One pass for Request::test(), when the token is free.
@@ -212,6 +204,69 @@ class DrivenEngine : public Driver {
 
   bool stopped() const { return stop.load(std::memory_order_relaxed); }
 
+ private:
+  /// Drives until `ready()` or `deadline` (or the engine stops). `settle(t)`: how to wait, until
+  /// at most t, while another caller holds the token.
+  template <class Ready, class Settle>
+  void drive_while(const Ready& ready, const Settle& settle, Clock::time_point deadline) {
+    Engine& e = self();
+    DriveToken::Caller in(token);
+    bool woke = false;
+    while (!token.try_acquire()) {
+      if (ready() || stopped() || Clock::now() >= deadline) return;
+      if (token.background_holds()) {
+        if (!woke) e.wake_background();
+        woke = true;
+        cpu_relax();
+        ::sched_yield();
+      } else {
+        settle(std::min(deadline, Clock::now() + std::chrono::microseconds(100)));
+      }
+    }
+    struct Release {
+      DriveToken& t;
+      ~Release() { t.release(); }
+    } release{token};
+    const auto spin = ProgressPolicy::spin();
+    // The first kFreeRounds empty passes of a spin read no clock (a clock read costs about as
+    // much as a pass): most waits on a live peer end within them. While passes move bytes, the
+    // deadline is looked at every kBusyRounds passes.
+    constexpr int kFreeRounds = 4;
+    constexpr unsigned kBusyRounds = 64;
+    const int free_rounds = spin.count() > 0 ? kFreeRounds : 0;
+    int idle = 0;  ///< empty passes since the last that moved (counting stops at free_rounds + 1)
+    unsigned busy = 0;
+    Clock::time_point spin_end{};
+    for (;;) {
+      if (ready() || stopped()) return;
+      const bool moved = e.pass();
+      if (ready()) return;
+      if (moved) {
+        idle = 0;
+        if (++busy % kBusyRounds == 0 && Clock::now() >= deadline) return;
+        continue;
+      }
+      if (idle < free_rounds) {
+        ++idle;
+        e.spin_wait(ready);
+        continue;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) return;
+      if (idle == free_rounds) {  // the spin's clock starts at its first clock read
+        ++idle;
+        spin_end = now + spin;
+      }
+      if (now < spin_end) {
+        e.spin_wait(ready);
+        continue;
+      }
+      e.sleep_until(std::min(deadline, now + ProgressPolicy::kMaxSleep), ready);
+      idle = free_rounds;  // after a sleep the spin starts again, clock first
+    }
+  }
+
+ public:
   DriveToken token;
   std::atomic<bool> stop{false};
 

@@ -53,12 +53,17 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
   // ---- what DrivenEngine needs ----
   /// Runs the handlers that are ready (a non-blocking look at the sockets included).
   bool pass() { return io.poll() > 0; }
-  void spin_wait() const {
+  template <class Ready>
+  void spin_wait(const Ready&) const {
     for (int i = 0; i < 16; ++i) chorus::detail::cpu_relax();
     ::sched_yield();
   }
-  /// The one wait that covers every link: Asio's reactor.
-  void sleep_until(Clock::time_point until) { io.run_one_until(until); }
+  /// The one wait that covers every link: Asio's reactor. (Only requests are waited for on tcp,
+  /// and their completion is a handler that ends the wait.)
+  template <class Ready>
+  void sleep_until(Clock::time_point until, const Ready&) {
+    io.run_one_until(until);
+  }
   /// A handler for the background thread's reactor wait to return for.
   void wake_background() {
     asio::post(io, bind_memory(wake_memory, [] {}));
