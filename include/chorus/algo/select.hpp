@@ -16,7 +16,7 @@
 
 namespace chorus::algo {
 
-enum class Algorithm { automatic, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination };
+enum class Algorithm { automatic, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination, one_shot };
 
 constexpr std::string_view to_string(Algorithm a) noexcept {
   switch (a) {
@@ -29,17 +29,20 @@ constexpr std::string_view to_string(Algorithm a) noexcept {
     case Algorithm::direct: return "direct";
     case Algorithm::pairwise: return "pairwise";
     case Algorithm::dissemination: return "dissemination";
+    case Algorithm::one_shot: return "one_shot";
   }
   return "unknown";
 }
 
 inline Algorithm parse_algorithm(std::string_view s, std::string_view what) {
   for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::tree, Algorithm::recursive_doubling,
-                      Algorithm::binomial, Algorithm::chain, Algorithm::direct, Algorithm::pairwise, Algorithm::dissemination})
+                      Algorithm::binomial, Algorithm::chain, Algorithm::direct, Algorithm::pairwise, Algorithm::dissemination,
+                      Algorithm::one_shot})
     if (s == to_string(a)) return a;
   throw Error(ErrorCode::invalid_argument,
               std::string(what) + "='" + std::string(s) +
-                  "' is not one of auto, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination");
+                  "' is not one of auto, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, "
+                  "dissemination, one_shot");
 }
 
 /// Latency per message (seconds), time per byte (seconds) and pipeline slice (bytes) of a

@@ -15,6 +15,7 @@
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/direct.hpp"
 #include "chorus/algo/double_tree.hpp"
+#include "chorus/algo/one_shot.hpp"
 #include "chorus/algo/ring.hpp"
 #include "chorus/algo/select.hpp"
 #include "chorus/algo/tree.hpp"
@@ -153,6 +154,9 @@ struct Communicator<T>::State {
   algo::Group<T> group;
   algo::TransportModel model = algo::kTcpModel;  ///< set once the group is known (cost_model())
   algo::Overrides overrides;
+  /// Every peer is reached over shm and this communicator owns the transport: all_reduce of up
+  /// to one_shot_max_bytes goes through the links' mailboxes (algo/one_shot.hpp).
+  bool mailboxes = false;
   algo::Scratch scratch;
   std::shared_ptr<algo::ChannelMemory> channel_memory;  ///< reused by each call's Channel
   std::uint64_t coll_seq = 0;       ///< collectives called so far (identical on every rank)
@@ -245,6 +249,7 @@ Communicator<T> Communicator<T>::create(Options options) {
   for (int r = 0; r < s->boot.size; ++r) s->group.members[r] = r;
   s->model = detail::group_model(*s->transport, s->group);
   s->overrides = algo::Overrides::from(s->boot.options);
+  s->mailboxes = algo::has_mailboxes(s->group);
   if (auto v = detail::env_string("CHORUS_BENCH_NO_DESCRIPTORS")) {
     if (*v != "0" && *v != "1")
       throw Error(ErrorCode::invalid_argument, "CHORUS_BENCH_NO_DESCRIPTORS='" + *v + "' is not 0 or 1");
@@ -322,7 +327,19 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
                                            desc.kind == algo::CollectiveKind::gather)))
     throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
                 "root " + std::to_string(desc.root) + " is not a rank of this communicator (size " + std::to_string(n) + ")");
-  const auto choice = algo::select(desc.kind, args.bytes(desc.count), n, st.model, st.overrides);
+  const std::size_t bytes = args.bytes(desc.count);
+  algo::Choice choice{algo::Algorithm::one_shot, 0};
+  const bool one_shot_forced = st.overrides.algorithm == algo::Algorithm::one_shot;
+  if (desc.kind != algo::CollectiveKind::all_reduce || n == 1 ||
+      !(st.overrides.algorithm == algo::Algorithm::automatic || one_shot_forced) || !st.mailboxes ||
+      bytes > algo::one_shot_max_bytes<T>()) {
+    if (one_shot_forced && desc.kind == algo::CollectiveKind::all_reduce && n > 1)
+      throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
+                  "CHORUS_ALGO=one_shot needs every peer on shm, a communicator made by init/create (not split) "
+                  "and at most " + std::to_string(algo::one_shot_max_bytes<T>()) + " bytes; this call has " +
+                  std::to_string(bytes) + " bytes" + (st.mailboxes ? "" : " and no shm mailboxes to every peer"));
+    choice = algo::select(desc.kind, bytes, n, st.model, st.overrides);
+  }
   args.slice_bytes = choice.slice_bytes;
   if (detail::log_enabled(detail::LogLevel::info))
     detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
@@ -330,6 +347,16 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
 
   auto task = [&st, desc, args, choice] {
     st.remember(desc);
+    if (choice.algorithm == algo::Algorithm::one_shot) {
+      try {
+        algo::one_shot_all_reduce(st.group, desc, args, st.boot.options.timeout,
+                                  [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::mismatch) st.spread(e);  // as below
+        throw;
+      }
+      return;
+    }
     algo::Channel<T> ch(st.group, desc, st.channel_memory,
                         [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
     try {

@@ -76,6 +76,8 @@ class Link {
   Request isend(ConstBytes data, Tag tag) { return shm_ ? shm_->isend(data, tag) : tcp_->isend(data, tag); }
   Request irecv(MutableBytes data, Tag tag) { return shm_ ? shm_->irecv(data, tag) : tcp_->irecv(data, tag); }
   std::string_view kind() const { return shm_ ? shm::Transport::kName : tcp::Transport::kName; }
+  /// The shm link, where this peer is reached over shm (its mailboxes: algo/one_shot.hpp).
+  shm::Link* shm_link() const { return shm_; }
 
  private:
   int peer_;

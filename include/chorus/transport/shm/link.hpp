@@ -35,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -214,10 +215,41 @@ class Link {
     map_ = std::move(map);
     out_ = detail::RingWriter(map_.control(dir), map_.data(dir));
     in_ = detail::RingReader(map_.control(1 - dir), map_.data(1 - dir));
+    dir_ = dir;
     peer_pid_ = static_cast<pid_t>(peer_pid);
     cma_ = cma;
   }
   bool cma() const { return cma_; }
+
+  // ---- mailboxes (algo/one_shot.hpp; detail/segment.hpp) ----
+  // One communicator uses them (the one that owns the transport), one call at a time, so these
+  // need no lock: the slots are shared memory with their own ordering, the count is the caller's.
+
+  Link* shm_link() { return this; }
+  /// The stamp of this link's next mailbox message, the same on both sides (both count the
+  /// messages of the calls they make together).
+  std::uint32_t next_mailbox_stamp() {
+    if (++mailbox_count_ == 0) ++mailbox_count_;  // 0 marks a slot never written
+    return mailbox_count_;
+  }
+  /// The stamp of the latest mailbox message (what next_mailbox_stamp() last returned).
+  std::uint32_t mailbox_stamp() const { return mailbox_count_; }
+  /// The slot this side writes the message with `stamp` into, and the one it reads the peer's.
+  detail::MailboxSlot& mailbox_out(std::uint32_t stamp) { return *map_.mailbox(dir_, stamp); }
+  const detail::MailboxSlot& mailbox_in(std::uint32_t stamp) const { return *map_.mailbox(1 - dir_, stamp); }
+  /// After a slot's stamp is stored: rings the doorbell if the peer sleeps.
+  void mailbox_sent() {
+    if (out_.take_reader_sleeping()) ring_doorbell();
+  }
+  /// True once the link broke (lock-free; what() then says why).
+  bool broken() const { return failed_.load(std::memory_order_acquire); }
+  /// Why the link broke.
+  std::pair<ErrorCode, std::string> failure() const {
+    std::lock_guard lk(hub_.mu);
+    return {fail_code_, fail_why_};
+  }
+  /// The engine whose waiters make this link's progress.
+  const std::weak_ptr<chorus::detail::Driver>& driver() const { return requests_.driver(); }
 
   // ---- progress thread, Hub::mu held ----
 
@@ -555,6 +587,8 @@ class Link {
   detail::RingReader in_;
   pid_t peer_pid_ = 0;
   bool cma_ = false;
+  int dir_ = 0;                        ///< the direction this side writes (0: it is the lower rank)
+  std::uint32_t mailbox_count_ = 0;   ///< mailbox messages so far (next_mailbox_stamp)
 
   chorus::detail::TagMatcher<detail::RecvOp, detail::Arrival> matcher_;
   chorus::detail::SpareBuffers spare_;

@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -81,6 +82,10 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
   std::vector<std::unique_ptr<Link>> links;  ///< by peer; null where there is no shm link
   std::thread thread;
   int rank = -1;
+  /// More ranks on this host (this rank and its shm peers) than processors this process may run
+  /// on: a waiter then gives its core away at once when nothing is there (the rank it waits for
+  /// may need that core), instead of spinning a while first.
+  bool oversubscribed = false;
 
   /// Fails every link (from any thread); with close, peers see their sockets close.
   void fail_all(ErrorCode code, const std::string& why, bool close = true) {
@@ -119,26 +124,33 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
       pull_link->finish_pull(std::move(*pull), err, done);
       busy = true;
     }
-    const auto now = Clock::now();
-    if (now - last_check_ > kDeathCheck) {  // a busy driver still notices a dead peer
-      last_check_ = now;
-      check_sockets(0);
+    // A busy driver still notices a dead peer: every kDeathCheck, looked at every 64 passes (a
+    // clock read costs about as much as a pass).
+    if (++passes_ % 64 == 0) {
+      const auto now = Clock::now();
+      if (now - last_check_ > kDeathCheck) {
+        last_check_ = now;
+        check_sockets(0);
+      }
     }
     return busy;
   }
   /// Spins on lock-free peeks for a moment; gives the core away when nothing shows up: with more
   /// threads than cores (8 ranks on 2 cores) a plain spin would keep the rank that has to answer
   /// from running.
-  void spin_wait() const {
-    for (int i = 0; i < 64; ++i) {
-      if (work_visible()) return;
+  template <class Ready>
+  void spin_wait(const Ready& ready) const {
+    for (int i = oversubscribed ? 64 : 0; i < 64; ++i) {
+      if (work_visible() || ready()) return;
       cpu_relax();
     }
     ::sched_yield();
   }
   /// Announces sleep in every ring, makes one more pass (whatever came before the announcement),
-  /// and blocks in poll() until `until` unless that pass found work.
-  void sleep_until(Clock::time_point until) {
+  /// and blocks in poll() until `until` unless that pass found work or `ready()` holds (a
+  /// mailbox writer rings the doorbell when it sees the reader's sleep flag, like a ring writer).
+  template <class Ready>
+  void sleep_until(Clock::time_point until, const Ready& ready) {
     {
       Completions done;
       std::lock_guard lk(hub.mu);
@@ -148,7 +160,7 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
         if (l) l->set_sleeping(true);
       for (auto& l : links)
         if (l) work = l->progress(done) || l->has_pull() || work;
-      if (work || hub.kicked.load() || stop.load()) {
+      if (work || hub.kicked.load() || stop.load() || ready()) {
         hub.sleeping.store(0);
         for (auto& l : links)
           if (l) l->set_sleeping(false);
@@ -173,14 +185,15 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
 
   void run() {
     auto last_active = Clock::now();
+    const auto nothing = [] { return false; };
     run_background([&] {
       const auto now = Clock::now();
       if (pass()) {
         last_active = now;
       } else if (now - last_active < kSpin) {
-        spin_wait();
+        spin_wait(nothing);
       } else {
-        sleep_until(now + kPoll);
+        sleep_until(now + kPoll, nothing);
         last_active = Clock::now();
       }
     });
@@ -232,6 +245,7 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
   std::vector<pollfd> fds_;
   std::vector<Link*> who_;
   Clock::time_point last_check_{};
+  std::uint64_t passes_ = 0;  ///< passes made (the driver's, under the token)
 };
 
 }  // namespace detail
@@ -291,6 +305,13 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
           std::make_unique<Link>(rank_, p, engine_->hub, b.options.timeout, weak_driver);
   connect(b, peers);
   engine_->reserve_polls();
+  {
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    const int ncpu = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    const auto local = 1 + std::count(peers.begin(), peers.end(), true) - (peers[static_cast<std::size_t>(rank_)] ? 1 : 0);
+    engine_->oversubscribed = local > ncpu;
+  }
   engine_->thread = std::thread([eng = engine_] {
     try {
       eng->run();

@@ -7,6 +7,7 @@
 /// |-------------------------|-----------------------------------------------------------------|
 /// | 0                       | RingControl of the ring low rank -> high rank                   |
 /// | sizeof(RingControl)     | RingControl of the ring high rank -> low rank                   |
+/// | kMailboxOffset          | two MailboxSlots low -> high, then two high -> low              |
 /// | kDataOffset             | data of the ring low -> high (Policy::kRingBytes)               |
 /// | kDataOffset + ring      | data of the ring high -> low                                    |
 ///
@@ -21,6 +22,12 @@
 /// doorbell (one byte on the link's unix socket). The flag and the counters are seq_cst, so of
 /// "reader sets flag, then re-reads tail" and "writer stores tail, then reads flag" at least one
 /// sees the other: no lost wake-up. `writer_sleeping` is the same for a writer waiting for room.
+///
+/// Mailboxes: besides the ring, each direction has two fixed slots that the one-shot collectives
+/// write and read in turn (algo/one_shot.hpp: a message per call and peer, no record, no
+/// matching). The writer fills the slot, then stores its `stamp` (seq_cst), then takes the
+/// reader's `reader_sleeping` flag of the ring of the same direction like a ring writer does, so
+/// a reader that sleeps in the engine's wait is woken by the same doorbell.
 
 #include <atomic>
 #include <cerrno>
@@ -50,6 +57,8 @@ struct Policy {
   /// Without CMA, a large message streams through the ring in records of this payload.
   static constexpr std::size_t kStreamChunkBytes = 128 * 1024;
   static constexpr std::uint64_t kMaxMessageBytes = std::uint64_t(1) << 46;
+  /// Payload of a mailbox slot: the largest one-shot message (algo/one_shot.hpp).
+  static constexpr std::size_t kMailboxBytes = 4096 - 64;
 };
 
 namespace detail {
@@ -97,8 +106,19 @@ inline constexpr std::size_t record_bytes(std::size_t payload) {
 static_assert(record_bytes(Policy::kStreamChunkBytes) <= Policy::kRingBytes / 4);
 static_assert(record_bytes(Policy::kEagerBytes) <= Policy::kRingBytes / 4);
 
-inline constexpr std::size_t kDataOffset = 4096;
-static_assert(2 * sizeof(RingControl) <= kDataOffset);
+/// One mailbox message: a stamp (the writer's count of mailbox messages on this link, from 1;
+/// 0 is never used), the caller's 32-byte collective descriptor, the payload's size, the payload.
+struct MailboxSlot {
+  alignas(64) std::atomic<std::uint32_t> stamp{0};
+  std::uint32_t bytes = 0;
+  std::byte desc[32] = {};
+  alignas(64) std::byte data[Policy::kMailboxBytes];
+};
+static_assert(sizeof(MailboxSlot) == 4096);
+
+inline constexpr std::size_t kMailboxOffset = 4096;
+inline constexpr std::size_t kDataOffset = kMailboxOffset + 4 * sizeof(MailboxSlot);
+static_assert(2 * sizeof(RingControl) <= kMailboxOffset);
 inline constexpr std::size_t kSegmentBytes = kDataOffset + 2 * Policy::kRingBytes;
 
 /// The writing end of a ring (one thread at a time: the link's lock).
@@ -223,6 +243,10 @@ class Mapping {
   /// The control block of the ring from the low rank (dir 0) or from the high rank (dir 1).
   RingControl* control(int dir) const { return reinterpret_cast<RingControl*>(base_) + dir; }
   std::byte* data(int dir) const { return base_ + kDataOffset + static_cast<std::size_t>(dir) * Policy::kRingBytes; }
+  /// Mailbox slot `k` (0 or 1) of direction `dir`.
+  MailboxSlot* mailbox(int dir, unsigned k) const {
+    return reinterpret_cast<MailboxSlot*>(base_ + kMailboxOffset) + static_cast<std::size_t>(dir) * 2 + (k & 1u);
+  }
   bool valid() const { return base_ != nullptr; }
 
  private:
