@@ -3,10 +3,21 @@
 /// worker (asio::thread_pool with one thread) for *_async calls, and on the caller's own thread
 /// for a blocking call that finds nothing queued or running (try_run: no thread hop on the
 /// latency path; a blocking call that finds work queued submits and waits instead).
+///
+/// A thread that waits for an async call's request runs the call itself when its turn has come
+/// and the worker has not started it yet (the request's Driver is the queued job): so
+/// `all_reduce_async(...)` followed by `wait()` costs no hand-off to the worker and back. Turns
+/// are kept by an index per job: a job runs, on whichever thread claims it first, only once every
+/// job submitted before it has finished.
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 
 #include "chorus/core/request.hpp"
 #include "chorus/detail/asio.hpp"
@@ -20,12 +31,24 @@ class SerialExecutor {
   SerialExecutor& operator=(const SerialExecutor&) = delete;
   ~SerialExecutor() { pool_.join(); }
 
-  /// Queues `task`; `state` completes when it has run (or fails with its error).
+  /// Queues `task`; `state` completes when it has run (or fails with its error). A thread that
+  /// waits for `state` may run the task itself (see above).
   void submit(std::function<void()> task, std::shared_ptr<RequestState> state) {
+    auto job = std::make_shared<Job>(*this, std::move(task), state);
+    {
+      std::lock_guard lk(mu_);
+      job->index = submitted_++;
+    }
+    state->set_driver(job);
     pending_.fetch_add(1);
-    asio::post(pool_, [this, task = std::move(task), state = std::move(state)] {
-      run_into(task, *state);
-      pending_.fetch_sub(1);
+    asio::post(pool_, [this, job] {
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return finished_ == job->index || job->claimed; });
+        if (job->claimed) return;  // a waiter runs it
+        job->claimed = true;
+      }
+      run_job(*job);
     });
   }
 
@@ -44,6 +67,48 @@ class SerialExecutor {
   }
 
  private:
+  /// A queued call; the Driver of its request, so that the request's waiter can run it.
+  struct Job final : Driver {
+    Job(SerialExecutor& e, std::function<void()> t, std::shared_ptr<RequestState> s)
+        : ex(e), task(std::move(t)), state(std::move(s)) {}
+
+    /// The waiter: runs the call here once it is its turn and nobody has started it; else waits
+    /// for it (looking again now and then, should the worker be slow to wake).
+    void drive(const RequestState& r, Clock::time_point deadline) override {
+      while (!r.done() && Clock::now() < deadline) {
+        if (ex.try_claim(*this)) return ex.run_job(*this);
+        r.settle_until(std::min(deadline, Clock::now() + std::chrono::microseconds(200)));
+      }
+    }
+    void drive_until(bool (*)(const void*), const void*, Clock::time_point) override {}
+    void poll() override {}
+    /// The request's own on-timeout hook aborts the transport (Communicator::collective).
+    void on_timeout(const Error&) override {}
+
+    SerialExecutor& ex;
+    std::function<void()> task;
+    std::shared_ptr<RequestState> state;
+    std::uint64_t index = 0;  ///< its turn (set under mu_)
+    bool claimed = false;     ///< started by a thread (under mu_)
+  };
+
+  bool try_claim(Job& j) {
+    std::lock_guard lk(mu_);
+    if (j.claimed || finished_ != j.index) return false;
+    j.claimed = true;
+    return true;
+  }
+
+  void run_job(Job& j) {
+    run_into(j.task, *j.state);
+    {
+      std::lock_guard lk(mu_);
+      ++finished_;
+    }
+    cv_.notify_all();
+    pending_.fetch_sub(1);
+  }
+
   static void run_into(const std::function<void()>& task, RequestState& state) {
     try {
       task();
@@ -55,8 +120,12 @@ class SerialExecutor {
     }
   }
 
-  asio::thread_pool pool_{1};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t submitted_ = 0;  ///< jobs submitted (under mu_)
+  std::uint64_t finished_ = 0;   ///< jobs finished, in order (under mu_)
   std::atomic<int> pending_{0};
+  asio::thread_pool pool_{1};    ///< declared last: joined (in the destructor) before the rest goes
 };
 
 }  // namespace chorus::detail
