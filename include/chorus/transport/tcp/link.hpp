@@ -312,13 +312,45 @@ class Link {
 
   // ---- reading: header, then the payload it announces ----
 
+  // Reads go through inbuf_: one recv takes a header and what follows it (a small message's
+  // payload, the next frames), so a small message costs one system call, not two. A payload
+  // longer than what is buffered is read straight into its destination after the buffered part.
+  // read_header() parses in a loop (a trampoline: a handler that calls it while it runs only asks
+  // for another round), so a burst of buffered frames does not nest calls.
+
   void read_header() {
-    if (failed_) return;
-    asio::async_read(socket_, asio::buffer(&in_, sizeof in_), detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t) {
-      if (failed_) return;
-      if (ec) return on_read_error(ec);
-      on_header();
-    }));
+    if (parsing_) {
+      again_ = true;
+      return;
+    }
+    parsing_ = true;
+    do {
+      again_ = false;
+      if (failed_) break;
+      if (in_end_ - in_begin_ >= sizeof in_) {
+        std::memcpy(&in_, inbuf_.data() + in_begin_, sizeof in_);
+        in_begin_ += sizeof in_;
+        on_header();
+      } else {
+        fill_inbuf();
+      }
+    } while (again_);
+    parsing_ = false;
+  }
+
+  /// Reads what the socket has (at least one byte) behind the bytes still buffered, then parses.
+  void fill_inbuf() {
+    const std::size_t left = in_end_ - in_begin_;
+    if (left != 0 && in_begin_ != 0) std::memmove(inbuf_.data(), inbuf_.data() + in_begin_, left);
+    in_begin_ = 0;
+    in_end_ = left;
+    socket_.async_read_some(asio::buffer(inbuf_.data() + in_end_, inbuf_.size() - in_end_),
+                            detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t n) {
+                              if (failed_) return;
+                              if (ec) return on_read_error(ec);
+                              in_end_ += n;
+                              read_header();
+                            }));
   }
 
   void on_read_error(const boost::system::error_code& ec) {
@@ -401,8 +433,17 @@ class Link {
   /// break mid-payload.
   template <class F>
   void read_payload(MutableBytes dst, F done, detail::ReqPtr into = nullptr) {
+    // What is buffered first, then the rest from the socket.
+    const std::size_t have = std::min(dst.size, in_end_ - in_begin_);
+    if (have != 0) std::memcpy(dst.data, inbuf_.data() + in_begin_, have);
+    in_begin_ += have;
+    if (have == dst.size) {
+      done();
+      if (!paused_) read_header();
+      return;
+    }
     reading_into_ = std::move(into);
-    asio::async_read(socket_, asio::buffer(dst.data, dst.size),
+    asio::async_read(socket_, asio::buffer(dst.data + have, dst.size - have),
                      detail::bind_memory(handlers_, [this, done = std::move(done)](const boost::system::error_code& ec,
                                                                                    std::size_t) mutable {
                        if (failed_) return;
@@ -439,6 +480,12 @@ class Link {
   std::vector<std::byte> scratch_;
   detail::ReqPtr reading_into_;  ///< the receive whose payload is being read, if any
   detail::FrameHeader in_;
+  static constexpr std::size_t kInBufBytes = 16 << 10;
+  std::array<std::byte, kInBufBytes> inbuf_;  ///< bytes read and not yet parsed: [in_begin_, in_end_)
+  std::size_t in_begin_ = 0;
+  std::size_t in_end_ = 0;
+  bool parsing_ = false;  ///< read_header's loop runs
+  bool again_ = false;    ///< ... and should go round once more
   std::uint64_t next_send_id_ = 1;
   std::size_t unexpected_bytes_ = 0;
   bool writing_ = false;
