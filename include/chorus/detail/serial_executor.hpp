@@ -18,6 +18,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 
 #include "chorus/core/request.hpp"
 #include "chorus/detail/asio.hpp"
@@ -99,25 +101,33 @@ class SerialExecutor {
     return true;
   }
 
+  /// Runs the call, lets the next one go, then completes its request: a waiter that returns
+  /// finds the executor idle (its next blocking call runs inline, no hand-off).
   void run_job(Job& j) {
-    run_into(j.task, *j.state);
+    bool ok = true;
+    ErrorCode code = ErrorCode::system;
+    std::string what;
+    std::optional<Error> err;
+    try {
+      j.task();
+    } catch (const Error& e) {
+      err = e;
+    } catch (const std::exception& e) {
+      ok = false;
+      what = e.what();
+    }
     {
       std::lock_guard lk(mu_);
       ++finished_;
     }
     cv_.notify_all();
     pending_.fetch_sub(1);
-  }
-
-  static void run_into(const std::function<void()>& task, RequestState& state) {
-    try {
-      task();
-      state.complete();
-    } catch (const Error& e) {
-      state.fail(e);
-    } catch (const std::exception& e) {
-      state.fail(ErrorCode::system, e.what());
-    }
+    if (err)
+      j.state->fail(*err);
+    else if (!ok)
+      j.state->fail(code, what);
+    else
+      j.state->complete();
   }
 
   std::mutex mu_;
