@@ -55,6 +55,15 @@ std::string prefix(int rank, const std::string& op) { return "chorus_torch: rank
 /// torch's name of a dtype ("int16", not c10's "Short").
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kBool: return "bool";
     case at::kShort: return "int16";
     case at::kComplexFloat: return "complex64";
     case at::kComplexDouble: return "complex128";
@@ -142,8 +151,8 @@ void check_single(int rank, const std::string& op, const std::vector<at::Tensor>
 void check_same(int rank, const std::string& op, const at::Tensor& ref, const at::Tensor& t, bool same_size) {
   check_tensor(rank, op, t);
   if (t.scalar_type() != ref.scalar_type())
-    fail(rank, op, std::string("tensors of different dtypes: ") + c10::toString(ref.scalar_type()) + " and " +
-                       c10::toString(t.scalar_type()));
+    fail(rank, op, "tensors of different dtypes: " + dtype_name(ref.scalar_type()) + " and " +
+                       dtype_name(t.scalar_type()));
   if (same_size && t.numel() != ref.numel())
     fail(rank, op, "tensors of different sizes: " + std::to_string(ref.numel()) + " and " +
                        std::to_string(t.numel()) + " elements");
@@ -151,7 +160,7 @@ void check_same(int rank, const std::string& op, const at::Tensor& ref, const at
 
 std::string describe(const std::string& op, const at::Tensor& t) {
   std::ostringstream os;
-  os << op << " (" << c10::toString(t.scalar_type()) << ", " << t.numel() << " elements)";
+  os << op << " (" << dtype_name(t.scalar_type()) << ", " << t.numel() << " elements)";
   return os.str();
 }
 

@@ -3,7 +3,8 @@
     results = harness.run(tmp_path, world=2, target="op_checks:run_all")
 
 spawns `world` processes (multiprocessing's spawn context: a fresh interpreter each, as torch
-wants), each joins a process group through a FileStore under tmp_path (no ports), calls
+wants), each joins a process group through a FileStore under tmp_path (no ports; or a TCPStore
+the caller hosts on a port the kernel chose), calls
 target(rank, world, *args) and sends back its return value or its traceback. run() returns
 {rank: value}; it raises AssertionError naming each rank that failed, died or did not finish
 within `timeout` seconds (the ones still running are killed, so nothing outlives a test).
@@ -24,13 +25,13 @@ def _child(rank, world, store_path, backend, pg_timeout, target, args, out):
 
         import chorus_torch  # noqa: F401  (registers the backend)
 
-        dist.init_process_group(
-            backend,
-            init_method="file://" + store_path,
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=pg_timeout),
-        )
+        timeout = datetime.timedelta(seconds=pg_timeout)
+        if isinstance(store_path, int):  # the port of a TCPStore the parent hosts
+            store = dist.TCPStore("127.0.0.1", store_path, world, False, timeout=timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend, init_method="file://" + store_path, rank=rank, world_size=world, timeout=timeout)
         module, fn = target.split(":")
         value = getattr(importlib.import_module(module), fn)(rank, world, *args)
         out.put((rank, "ok", value))
@@ -38,12 +39,13 @@ def _child(rank, world, store_path, backend, pg_timeout, target, args, out):
         out.put((rank, "error", traceback.format_exc()))
 
 
-def run(tmp_path, world, target, *args, backend="chorus", timeout=240, pg_timeout=60, may_die=()):
+def run(tmp_path, world, target, *args, backend="chorus", timeout=240, pg_timeout=60, may_die=(), tcp_port=None):
     """Runs target on `world` ranks; returns {rank: value}. Ranks in `may_die` may end without a
-    result (a test that kills them); the others must return."""
+    result (a test that kills them); the others must return. With tcp_port, the ranks meet through
+    the TCPStore the caller hosts on that port instead of a FileStore."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    store_path = os.path.join(str(tmp_path), "store-%d" % time.monotonic_ns())
+    store_path = tcp_port if tcp_port is not None else os.path.join(str(tmp_path), "store-%d" % time.monotonic_ns())
     procs = [
         ctx.Process(target=_child, args=(r, world, store_path, backend, pg_timeout, target, args, out), daemon=True)
         for r in range(world)
