@@ -31,6 +31,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
+#include "chorus/all_to_all_v.hpp"
 #include "chorus/chorus.hpp"
 #include "store_adapter.hpp"
 
@@ -718,45 +719,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(std::vector<at
 
 namespace {
 
-/// all_to_all with per-rank counts over chorus's equal-block all_to_all: every block is padded to
-/// the largest count any rank sends (agreed by an all_reduce max, run blocking in call order),
-/// then the blocks are unpacked. Extra memory: size x the largest block, on every rank.
+/// all_to_all with per-rank counts: chorus::all_to_all_v (point to point, blocking on the thread
+/// that issues it) after a barrier. The barrier is a blocking collective, so it runs after every
+/// collective issued before (it queues behind them on the communicator's worker): their results
+/// are in the input before it is sent, and nothing still writes the output.
 /// `in_counts[p]` elements go to rank p, `out_counts[p]` come from it, at the running offsets.
-void launch_all_to_all_v(Comm* c, ChorusWork& self, bool blocking, const at::Tensor& in, const at::Tensor& out,
-                         std::vector<int64_t> in_counts, std::vector<int64_t> out_counts, Wire wire) {
-  const int n = c->size();
-  std::int64_t m = 0;
-  for (int p = 0; p < n; ++p) m = std::max({m, in_counts[p], out_counts[p]});
-  c->all_reduce(&m, &m, 1, chorus::DataType::int64, chorus::ReduceOp::max);
-  if (m == 0) {
-    self.complete();
-    return;
-  }
-  const at::Tensor flat_in = in.reshape({-1});
-  const at::Tensor flat_out = out.reshape({-1});
-  at::Tensor pin = at::zeros({m * n}, in.options());
-  at::Tensor pout = at::empty({m * n}, out.options());
-  std::int64_t off = 0;
-  for (int p = 0; p < n; ++p) {
-    pin.narrow(0, p * m, in_counts[p]).copy_(flat_in.narrow(0, off, in_counts[p]));
-    off += in_counts[p];
-  }
-  self.keep(pin);
-  self.keep(pout);
-  self.then([pout, out, out_counts, m, n]() mutable {
-    std::int64_t o = 0;
-    at::Tensor flat = out.view({-1});
-    for (int p = 0; p < n; ++p) {
-      flat.narrow(0, o, out_counts[p]).copy_(pout.narrow(0, p * m, out_counts[p]));
-      o += out_counts[p];
-    }
-  });
-  if (blocking) {
-    c->all_to_all(data_of(pin), data_of(pout), static_cast<std::size_t>(m), wire.dt);
-    self.complete();
-  } else {
-    self.attach({c->all_to_all_async(data_of(pin), data_of(pout), static_cast<std::size_t>(m), wire.dt)});
-  }
+void launch_all_to_all_v(Comm* c, ChorusWork& self, const at::Tensor& in, const at::Tensor& out,
+                         const std::vector<int64_t>& in_counts, const std::vector<int64_t>& out_counts, Wire wire) {
+  const std::vector<std::size_t> send(in_counts.begin(), in_counts.end());
+  const std::vector<std::size_t> recv(out_counts.begin(), out_counts.end());
+  c->barrier();
+  chorus::all_to_all_v(*c, data_of(in), std::span<const std::size_t>(send), data_of(out),
+                       std::span<const std::size_t>(recv), wire.dt);
+  self.complete();
 }
 
 }  // namespace
@@ -817,8 +792,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& out
   };
   std::vector<int64_t> in_counts = counts(input_splits, in, "input");
   std::vector<int64_t> out_counts = counts(output_splits, out, "output");
-  w->launch = [c, in, out, in_counts, out_counts, wire](ChorusWork& self, bool blocking) {
-    launch_all_to_all_v(c, self, blocking, in, out, in_counts, out_counts, wire);
+  w->launch = [c, in, out, in_counts, out_counts, wire](ChorusWork& self, bool) {
+    launch_all_to_all_v(c, self, in, out, in_counts, out_counts, wire);
   };
   return impl_->enqueue(w);
 }
@@ -854,8 +829,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall(std::vector<at::Tens
     }
   });
   Comm* c = impl_->comm.get();
-  w->launch = [c, in, out, in_counts, out_counts, wire](ChorusWork& self, bool blocking) {
-    launch_all_to_all_v(c, self, blocking, in, out, in_counts, out_counts, wire);
+  w->launch = [c, in, out, in_counts, out_counts, wire](ChorusWork& self, bool) {
+    launch_all_to_all_v(c, self, in, out, in_counts, out_counts, wire);
   };
   return impl_->enqueue(w);
 }
