@@ -26,6 +26,7 @@
 #include "chorus/transport/shm/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 #include "chorus/communicator.hpp"
+#include "chorus/all_to_all_v.hpp"
 #include "chorus/sgd/sgd.hpp"
 
 namespace chorus {

@@ -307,6 +307,9 @@ constexpr T input_from(std::uint64_t h, std::uint64_t hi, int world, int rank, s
       }
       case ReduceOp::min:
       case ReduceOp::max:
+      case ReduceOp::band:
+      case ReduceOp::bor:
+      case ReduceOp::bxor:
         return from_bits<T>(h);
     }
     return T(0);
@@ -339,6 +342,10 @@ constexpr T input_from(std::uint64_t h, std::uint64_t hi, int world, int rank, s
         if (hi % 7 == 1) return from_double<T>(static_cast<double>(static_cast<int>(h % 5) - 2));  // ties
         return random_non_nan<T>(h);
       }
+      case ReduceOp::band:
+      case ReduceOp::bor:
+      case ReduceOp::bxor:
+        break;  // integer types only
     }
     return T(0);
   }
@@ -377,6 +384,14 @@ constexpr T expected_all_reduce(std::uint64_t seed, int world, std::size_t index
         if (op == ReduceOp::min ? v < best : v > best) best = v;
       }
       return best;
+    }
+    if (is_bitwise(op)) {
+      T acc = input(seed, world, 0, index, op);
+      for (int r = 1; r < world; ++r) {
+        const T v = input(seed, world, r, index, op);
+        acc = static_cast<T>(op == ReduceOp::band ? (acc & v) : op == ReduceOp::bor ? (acc | v) : (acc ^ v));
+      }
+      return acc;
     }
     std::uint64_t acc = op == ReduceOp::prod ? 1u : 0u;
     for (int r = 0; r < world; ++r) {

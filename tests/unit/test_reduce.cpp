@@ -278,6 +278,12 @@ T functor(ReduceOp op, T a, T b) {
       return chorus::Min{}(a, b);
     case ReduceOp::max:
       return chorus::Max{}(a, b);
+    case ReduceOp::band:
+      return chorus::BitAnd{}(a, b);
+    case ReduceOp::bor:
+      return chorus::BitOr{}(a, b);
+    case ReduceOp::bxor:
+      return chorus::BitXor{}(a, b);
   }
   return a;
 }
@@ -654,6 +660,70 @@ TEST_CASE("invalid enumerations are invalid_argument") {
   }
   CHECK_THROWS_AS(chorus::reduce(ReduceOp::sum, static_cast<DataType>(99), &a, &b, 1), chorus::Error);
   chorus::reduce(ReduceOp::sum, DataType::float32, nullptr, nullptr, 0);  // count 0: nothing touched
+}
+
+namespace {
+
+/// band, bor, bxor of one integer type through the typed and type-erased entries (out of place
+/// and in place), against the operators themselves, over counts that end inside and outside a
+/// vector block.
+template <class T>
+void bitwise_sweep(std::uint64_t seed) {
+  constexpr DataType kDt = chorus::data_type_of<T>;
+  std::mt19937_64 rng(seed);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{31}, std::size_t{257},
+                        std::size_t{1031}}) {
+    std::vector<T> a(n), b(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      a[i] = static_cast<T>(rng());
+      b[i] = static_cast<T>(rng());
+    }
+    for (ReduceOp op : chorus::kBitwiseReduceOps) {
+      CAPTURE(chorus::to_string(kDt));
+      CAPTURE(chorus::to_string(op));
+      CAPTURE(n);
+      std::vector<T> out(n), in_place = a;
+      chorus::reduce(op, kDt, out.data(), a.data(), b.data(), n);
+      chorus::reduce(op, kDt, in_place.data(), b.data(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const T want = op == ReduceOp::band  ? static_cast<T>(a[i] & b[i])
+                       : op == ReduceOp::bor ? static_cast<T>(a[i] | b[i])
+                                             : static_cast<T>(a[i] ^ b[i]);
+        if (out[i] != want || in_place[i] != want) {
+          CAPTURE(i);
+          FAIL("bitwise result differs from the operator");
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bitwise ops on every integer type; floating-point types are invalid_argument") {
+  bitwise_sweep<std::int8_t>(11);
+  bitwise_sweep<std::uint8_t>(12);
+  bitwise_sweep<std::int32_t>(13);
+  bitwise_sweep<std::uint32_t>(14);
+  bitwise_sweep<std::int64_t>(15);
+  bitwise_sweep<std::uint64_t>(16);
+  static_assert(chorus::BitAnd{}(std::uint8_t{0xf0}, std::uint8_t{0x3c}) == 0x30);
+  static_assert(chorus::BitOr{}(std::int32_t{-8}, std::int32_t{3}) == -5);
+  static_assert(chorus::BitXor{}(std::int64_t{-1}, std::int64_t{5}) == -6);
+  for (DataType dt : {DataType::float16, DataType::bfloat16, DataType::float32, DataType::float64}) {
+    for (ReduceOp op : chorus::kBitwiseReduceOps) {
+      CAPTURE(chorus::to_string(dt));
+      CAPTURE(chorus::to_string(op));
+      double a = 1.0, b = 2.0;  // 8 bytes: room for one element of any of them
+      try {
+        chorus::reduce(op, dt, &a, &b, 1);
+        FAIL("no throw");
+      } catch (const chorus::Error& e) {
+        CHECK(e.code() == chorus::ErrorCode::invalid_argument);
+      }
+      CHECK(a == 1.0);
+    }
+  }
 }
 
 TEST_CASE("vectorisable float16 conversions are the types.hpp ones") {

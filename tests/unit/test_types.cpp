@@ -612,4 +612,26 @@ TEST_CASE("ReduceOp: names and parsing") {
   CHECK(chorus::to_string(static_cast<ReduceOp>(42)) == "unknown");
 }
 
+TEST_CASE("ReduceOp: bitwise ops, their names and the types they apply to") {
+  const char* names[] = {"band", "bor", "bxor"};
+  for (std::size_t i = 0; i < chorus::kBitwiseReduceOps.size(); ++i) {
+    const ReduceOp op = chorus::kBitwiseReduceOps[i];
+    CAPTURE(names[i]);
+    CHECK(chorus::is_bitwise(op));
+    CHECK(chorus::to_string(op) == names[i]);
+    CHECK(chorus::parse_reduce_op(names[i]) == op);
+    for (DataType dt : chorus::kAllDataTypes) {
+      CAPTURE(chorus::to_string(dt));
+      const bool integer = dt != DataType::float16 && dt != DataType::bfloat16 && dt != DataType::float32 &&
+                           dt != DataType::float64;
+      CHECK(chorus::is_valid_op(dt, op) == integer);
+    }
+  }
+  for (ReduceOp op : chorus::kAllReduceOps) {
+    CHECK_FALSE(chorus::is_bitwise(op));
+    for (DataType dt : chorus::kAllDataTypes) CHECK(chorus::is_valid_op(dt, op));
+  }
+  CHECK_FALSE(chorus::is_valid_op(DataType::int32, static_cast<ReduceOp>(42)));
+}
+
 }  // namespace unit_test_types

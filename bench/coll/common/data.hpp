@@ -143,6 +143,16 @@ struct Inputs {
           }
           return acc;
         }
+        case ReduceOp::band:
+        case ReduceOp::bor:
+        case ReduceOp::bxor: {
+          T acc = (*this)(0, i);
+          for (int r = 1; r < n; ++r) {
+            const T v = (*this)(r, i);
+            acc = static_cast<T>(op == ReduceOp::band ? (acc & v) : op == ReduceOp::bor ? (acc | v) : (acc ^ v));
+          }
+          return acc;
+        }
       }
       return T{};
     } else {
@@ -155,6 +165,9 @@ struct Inputs {
           case ReduceOp::prod: acc *= v; break;
           case ReduceOp::min: acc = std::min(acc, v); break;
           case ReduceOp::max: acc = std::max(acc, v); break;
+          case ReduceOp::band:
+          case ReduceOp::bor:
+          case ReduceOp::bxor: break;  // integer types only (is_valid_op)
         }
       }
       if (op == ReduceOp::avg) acc /= n;

@@ -85,12 +85,21 @@ constexpr std::optional<DataType> parse_data_type(std::string_view s) noexcept {
 // ReduceOp
 // ---------------------------------------------------------------------------------------------
 
-/// Reduction operators. avg is sum followed by division by the number of ranks.
-enum class ReduceOp { sum, prod, min, max, avg };
+/// Reduction operators. avg is sum followed by division by the number of ranks. band, bor and
+/// bxor (bitwise and, or, exclusive or) apply to the integer types only (is_valid_op).
+enum class ReduceOp { sum, prod, min, max, avg, band, bor, bxor };
 
+/// The arithmetic operators, valid for every DataType.
 inline constexpr std::array<ReduceOp, 5> kAllReduceOps = {
     ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg,
 };
+
+/// The bitwise operators, valid for the integer DataTypes only.
+inline constexpr std::array<ReduceOp, 3> kBitwiseReduceOps = {ReduceOp::band, ReduceOp::bor, ReduceOp::bxor};
+
+constexpr bool is_bitwise(ReduceOp op) noexcept {
+  return op == ReduceOp::band || op == ReduceOp::bor || op == ReduceOp::bxor;
+}
 
 /// "sum", "prod", "min", "max", "avg"; "unknown" for a value outside the enumeration.
 constexpr std::string_view to_string(ReduceOp op) noexcept {
@@ -100,6 +109,9 @@ constexpr std::string_view to_string(ReduceOp op) noexcept {
     case ReduceOp::min: return "min";
     case ReduceOp::max: return "max";
     case ReduceOp::avg: return "avg";
+    case ReduceOp::band: return "band";
+    case ReduceOp::bor: return "bor";
+    case ReduceOp::bxor: return "bxor";
   }
   return "unknown";
 }
@@ -107,6 +119,9 @@ constexpr std::string_view to_string(ReduceOp op) noexcept {
 /// Parses the names to_string gives (case-sensitive); nullopt for anything else.
 constexpr std::optional<ReduceOp> parse_reduce_op(std::string_view s) noexcept {
   for (ReduceOp op : kAllReduceOps) {
+    if (s == to_string(op)) return op;
+  }
+  for (ReduceOp op : kBitwiseReduceOps) {
     if (s == to_string(op)) return op;
   }
   return std::nullopt;
@@ -419,6 +434,17 @@ constexpr decltype(auto) dispatch(DataType t, F&& f) {
   }
   throw Error(ErrorCode::invalid_argument,
               "DataType value " + std::to_string(static_cast<int>(t)) + " is not a valid DataType");
+}
+
+/// Whether `op` applies to elements of type `dt`: the arithmetic operators to every type, the
+/// bitwise ones to the integer types (int8 ... uint64) only.
+constexpr bool is_valid_op(DataType dt, ReduceOp op) noexcept {
+  if (!is_bitwise(op)) return to_string(op) != "unknown";
+  switch (dt) {
+    case DataType::int8: case DataType::uint8: case DataType::int32: case DataType::uint32:
+    case DataType::int64: case DataType::uint64: return true;
+    default: return false;
+  }
 }
 
 }  // namespace chorus

@@ -431,6 +431,10 @@ void Communicator<T>::run_algorithm(State& st, algo::Channel<T>& ch, const algo:
 template <Transport T>
 Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt,
                                ReduceOp op, int root, bool async) {
+  if (is_bitwise(op) && !is_valid_op(dt, op))
+    throw Error(ErrorCode::invalid_argument, ErrorContext{rank(), -1, std::string(algo::to_string(kind))},
+                std::string(to_string(op)) + " does not apply to " + std::string(to_string(dt)) +
+                    " (bitwise ops take integer types)");
   algo::CollectiveDesc d;
   d.kind = kind;
   d.count = count;

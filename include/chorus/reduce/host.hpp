@@ -229,6 +229,12 @@ decltype(auto) dispatch_op(ReduceOp op, F&& f) {
       return static_cast<F&&>(f)(Min{});
     case ReduceOp::max:
       return static_cast<F&&>(f)(Max{});
+    case ReduceOp::band:
+      return static_cast<F&&>(f)(BitAnd{});
+    case ReduceOp::bor:
+      return static_cast<F&&>(f)(BitOr{});
+    case ReduceOp::bxor:
+      return static_cast<F&&>(f)(BitXor{});
   }
   throw Error(ErrorCode::invalid_argument,
               "ReduceOp value " + std::to_string(static_cast<int>(op)) + " is not a valid ReduceOp");
@@ -399,6 +405,9 @@ void finalize_avg(T* data, std::size_t n, int world_size) {
 }
 
 inline void reduce(ReduceOp op, DataType dt, void* out, const void* a, const void* b, std::size_t count) {
+  if (is_bitwise(op) && size_of(dt) != 0 && !is_valid_op(dt, op))
+    throw Error(ErrorCode::invalid_argument, "reduce: " + std::string(to_string(op)) + " does not apply to " +
+                                                 std::string(to_string(dt)) + " (bitwise ops take integer types)");
   dispatch(dt, [&]<class T>(std::type_identity<T>) {
     detail::dispatch_op(op, [&]<class Op>(Op) {
       reduce_to<Op>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), count);

@@ -148,6 +148,11 @@ CHORUS_HOST_DEVICE constexpr F canonicalize(F r) noexcept {
  * So every functor is commutative bit for bit; integer sum/prod and min/max are associative too,
  *   floating-point sum/prod are not, which is why algorithms fix the order of operands.
  *
+ * band, bor, bxor: the bitwise operators, for the integer types only (is_valid_op in types.hpp;
+ *   the communicator and the type-erased reduce() reject them for floating-point types). Their
+ *   floating-point instantiations exist only so that dispatch over every type compiles; they
+ *   return `a`.
+ *
  * avg is not a functor: it reduces with Sum, then divides once at the end by the number of ranks
  *   (avg_divide below; finalize_avg in host.hpp and cuda/reduce.cuh), as NCCL does for integers.
  */
@@ -223,6 +228,42 @@ struct Max {
     } else {
       const T r = a > b ? a : (a == b ? detail::bits_and(a, b) : b);
       return detail::nan_or(a != a || b != b, r);
+    }
+  }
+};
+
+/// a & b (integer types; see the contract above for the others).
+struct BitAnd {
+  template <class T>
+  CHORUS_HOST_DEVICE constexpr T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(a & b);
+    } else {
+      return (void)b, a;
+    }
+  }
+};
+
+/// a | b (integer types).
+struct BitOr {
+  template <class T>
+  CHORUS_HOST_DEVICE constexpr T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(a | b);
+    } else {
+      return (void)b, a;
+    }
+  }
+};
+
+/// a ^ b (integer types).
+struct BitXor {
+  template <class T>
+  CHORUS_HOST_DEVICE constexpr T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(a ^ b);
+    } else {
+      return (void)b, a;
     }
   }
 };

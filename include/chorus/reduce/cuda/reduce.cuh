@@ -167,6 +167,13 @@ inline cudaError_t reduce_async(ReduceOp op, DataType dt, void* out, const void*
         return detail::launch_reduce<Min>(o, x, y, count, stream);
       case ReduceOp::max:
         return detail::launch_reduce<Max>(o, x, y, count, stream);
+      case ReduceOp::band:
+      case ReduceOp::bor:
+      case ReduceOp::bxor:
+        if (!is_valid_op(dt, op)) return cudaErrorInvalidValue;
+        if (op == ReduceOp::band) return detail::launch_reduce<BitAnd>(o, x, y, count, stream);
+        if (op == ReduceOp::bor) return detail::launch_reduce<BitOr>(o, x, y, count, stream);
+        return detail::launch_reduce<BitXor>(o, x, y, count, stream);
     }
     return cudaErrorInvalidValue;
   });

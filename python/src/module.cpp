@@ -1,0 +1,27 @@
+// The Python module chorus_torch._C: creates ProcessGroupChorus objects for torch.distributed.
+// chorus_torch/__init__.py registers `create` as the creator of the backend "chorus".
+#include <chrono>
+
+#include <pybind11/chrono.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include "process_group.hpp"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "chorus backend for torch.distributed (import chorus_torch to register it)";
+  // torch.distributed's pybind classes (Store, ProcessGroup) must be registered before ours use
+  // them: the store argument converts to c10d::Store, the result to ProcessGroup.
+  py::module::import("torch.distributed");
+  m.def(
+      "create",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout)
+          -> c10::intrusive_ptr<c10d::ProcessGroup> {
+        return c10::make_intrusive<chorus_torch::ProcessGroupChorus>(store, rank, size, timeout);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::call_guard<py::gil_scoped_release>(),
+      "A chorus process group over a communicator that meets its peers through `store`.");
+}

@@ -1,0 +1,89 @@
+"""Ranks as processes for the chorus_torch tests.
+
+    results = harness.run(tmp_path, world=2, target="op_checks:run_all")
+
+spawns `world` processes (multiprocessing's spawn context: a fresh interpreter each, as torch
+wants), each joins a process group through a FileStore under tmp_path (no ports; or a TCPStore
+the caller hosts on a port the kernel chose), calls
+target(rank, world, *args) and sends back its return value or its traceback. run() returns
+{rank: value}; it raises AssertionError naming each rank that failed, died or did not finish
+within `timeout` seconds (the ones still running are killed, so nothing outlives a test).
+"""
+
+import datetime
+import importlib
+import multiprocessing
+import os
+import queue as queue_mod
+import time
+import traceback
+
+
+def _child(rank, world, store_path, backend, pg_timeout, target, args, out):
+    try:
+        import torch.distributed as dist
+
+        import chorus_torch  # noqa: F401  (registers the backend)
+
+        timeout = datetime.timedelta(seconds=pg_timeout)
+        if isinstance(store_path, int):  # the port of a TCPStore the parent hosts
+            store = dist.TCPStore("127.0.0.1", store_path, world, False, timeout=timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend, init_method="file://" + store_path, rank=rank, world_size=world, timeout=timeout)
+        module, fn = target.split(":")
+        value = getattr(importlib.import_module(module), fn)(rank, world, *args)
+        out.put((rank, "ok", value))
+    except BaseException:  # report everything, KeyboardInterrupt included
+        out.put((rank, "error", traceback.format_exc()))
+
+
+def run(tmp_path, world, target, *args, backend="chorus", timeout=240, pg_timeout=60, may_die=(), tcp_port=None):
+    """Runs target on `world` ranks; returns {rank: value}. Ranks in `may_die` may end without a
+    result (a test that kills them); the others must return. With tcp_port, the ranks meet through
+    the TCPStore the caller hosts on that port instead of a FileStore."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    store_path = tcp_port if tcp_port is not None else os.path.join(str(tmp_path), "store-%d" % time.monotonic_ns())
+    procs = [
+        ctx.Process(target=_child, args=(r, world, store_path, backend, pg_timeout, target, args, out), daemon=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results, errors = {}, {}
+    deadline = time.monotonic() + timeout
+    expected = set(range(world)) - set(may_die)
+    try:
+        while not expected <= set(results) | set(errors):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                rank, status, value = out.get(timeout=min(left, 0.5))
+            except queue_mod.Empty:
+                # A rank that died without a word (a crash) is reported at once.
+                dead = [r for r in expected - set(results) - set(errors) if procs[r].exitcode is not None]
+                for r in dead:
+                    try:  # its message may still be in the pipe
+                        rank, status, value = out.get(timeout=1.0)
+                    except queue_mod.Empty:
+                        errors[r] = "exited with code %s without a result" % procs[r].exitcode
+                        continue
+                    (results if status == "ok" else errors)[rank] = value
+                continue
+            (results if status == "ok" else errors)[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    missing = expected - set(results) - set(errors)
+    if errors or missing:
+        lines = ["rank %d failed:\n%s" % (r, errors[r]) for r in sorted(errors)]
+        lines += ["rank %d did not finish within %d s" % (r, timeout) for r in sorted(missing)]
+        raise AssertionError("\n".join(lines))
+    return results
