@@ -1,9 +1,10 @@
 // The one-shot all_reduce through the shm links' mailboxes (algo/one_shot.hpp), with ranks as
-// processes: every dtype and op at worlds 2, 3 and 4, counts 0, 1, 2, 3, 7, 13, 1000 and the
-// largest a mailbox holds, in place and out of place, checked bit for bit against
-// support/fill.hpp's reference; the largest count plus one forced (an error) and chosen by the
-// model (another algorithm); split communicators (no mailboxes) interleaved with their parent; a
-// differing call (mismatch, through the mailbox and through the store); a killed rank.
+// processes: every dtype and op (the bitwise ones on the integer types) at worlds 2, 3 and 4,
+// counts 0, 1, 2, 3, 7, 13, 1000 and the largest a mailbox holds, in place and out of place,
+// checked bit for bit against support/fill.hpp's reference; the largest count plus one forced (an
+// error) and chosen by the model (another algorithm); split communicators (no mailboxes)
+// interleaved with their parent, in turn and at once; a differing call (mismatch, through the
+// mailbox and through the store); a killed rank.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -129,6 +130,9 @@ void every_dtype_and_op(int world) {
               if (count > largest) continue;  // 1000 of an 8-byte type
               for (ReduceOp op : chorus::kAllReduceOps)
                 for (bool in_place : {false, true}) check_all_reduce<T>(forced, ++call, count, op, in_place, where);
+              if constexpr (std::is_integral_v<T>)
+                for (ReduceOp op : chorus::kBitwiseReduceOps)
+                  for (bool in_place : {false, true}) check_all_reduce<T>(forced, ++call, count, op, in_place, where);
             }
             // One past what a mailbox holds: the model's other algorithms (the same results),
             // and an error naming the limit when one_shot is forced (on every rank alike).
