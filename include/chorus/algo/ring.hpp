@@ -13,9 +13,13 @@
 
 namespace chorus::algo {
 
-/// Pipeline depth: receives posted ahead of the one being reduced.
+/// Pipeline depth: receives posted ahead of the one being reduced. Four, not two: with the
+/// waiting thread making the progress, a rank that reduces a slice does not answer its peers'
+/// rendezvous meanwhile, and two slices in flight left the sender idle (4 ranks on 2 cores, tcp,
+/// 64 MiB: 0.60 GB/s busbw with two, 0.71 with four, 0.65 before caller-driven progress; eight
+/// gained nothing). Scratch: four slices.
 struct RingPolicy {
-  static constexpr int kSlotsInFlight = 2;
+  static constexpr int kSlotsInFlight = 4;
 };
 
 namespace detail {
