@@ -3,9 +3,14 @@
 /// tcp and shm transports take; rdma and cuda_ipc also take device memory (see docs/design.md).
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace chorus {
+
+/// The largest message a link carries (2^46 bytes): the transports refuse larger ones, and a
+/// collective whose buffers would be larger is rejected before it starts.
+inline constexpr std::uint64_t kMaxMessageBytes = std::uint64_t(1) << 46;
 
 enum class MemoryKind { host, device };
 

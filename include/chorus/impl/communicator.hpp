@@ -150,9 +150,8 @@ inline void check_collective_args(algo::CollectiveKind kind, const void* in, con
   const bool per_rank = kind == algo::CollectiveKind::all_gather || kind == algo::CollectiveKind::gather ||
                         kind == algo::CollectiveKind::scatter || kind == algo::CollectiveKind::reduce_scatter ||
                         kind == algo::CollectiveKind::all_to_all;
-  const std::uint64_t limit = std::uint64_t(1) << 46;  // bytes, as the transports' message limit
   const std::uint64_t per_elem = size_of(dt) * static_cast<std::uint64_t>(per_rank ? size : 1);
-  if (count > limit / per_elem)
+  if (count > kMaxMessageBytes / per_elem)
     fail("count " + std::to_string(count) + " of " + std::string(to_string(dt)) + (per_rank ? " per rank" : "") +
          " is larger than a call can move (2^46 bytes)");
   if (count == 0) return;
@@ -368,18 +367,20 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
                 "root " + std::to_string(desc.root) + " is not a rank of this communicator (size " + std::to_string(n) + ")");
   const std::size_t bytes = args.bytes(desc.count);
-  algo::Choice choice{algo::Algorithm::one_shot, 0};
+  // all_reduce through the shm mailboxes where it fits, unless another algorithm is forced;
+  // forced, it must fit.
+  const bool one_shot_call = desc.kind == algo::CollectiveKind::all_reduce && n > 1;
+  const bool one_shot_fits = st.mailboxes && bytes <= algo::one_shot_max_bytes<T>();
   const bool one_shot_forced = st.overrides.algorithm == algo::Algorithm::one_shot;
-  if (desc.kind != algo::CollectiveKind::all_reduce || n == 1 ||
-      !(st.overrides.algorithm == algo::Algorithm::automatic || one_shot_forced) || !st.mailboxes ||
-      bytes > algo::one_shot_max_bytes<T>()) {
-    if (one_shot_forced && desc.kind == algo::CollectiveKind::all_reduce && n > 1)
-      throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
-                  "CHORUS_ALGO=one_shot needs every peer on shm, a communicator made by init/create (not split) "
-                  "and at most " + std::to_string(algo::one_shot_max_bytes<T>()) + " bytes; this call has " +
-                  std::to_string(bytes) + " bytes" + (st.mailboxes ? "" : " and no shm mailboxes to every peer"));
-    choice = algo::select(desc.kind, bytes, n, st.model, st.overrides);
-  }
+  if (one_shot_call && one_shot_forced && !one_shot_fits)
+    throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
+                "CHORUS_ALGO=one_shot needs every peer on shm, a communicator made by init/create (not split) "
+                "and at most " + std::to_string(algo::one_shot_max_bytes<T>()) + " bytes; this call has " +
+                std::to_string(bytes) + " bytes" + (st.mailboxes ? "" : " and no shm mailboxes to every peer"));
+  const algo::Choice choice =
+      one_shot_call && one_shot_fits && (one_shot_forced || st.overrides.algorithm == algo::Algorithm::automatic)
+          ? algo::Choice{algo::Algorithm::one_shot, 0}
+          : algo::select(desc.kind, bytes, n, st.model, st.overrides);
   args.slice_bytes = choice.slice_bytes;
   if (detail::log_enabled(detail::LogLevel::info))
     detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),

@@ -48,7 +48,7 @@ using chorus::detail::asio_tcp;
 struct Policy {
   static constexpr std::size_t kEagerBytes = 64 * 1024;
   static constexpr std::size_t kMaxUnexpectedBytes = 64u << 20;
-  static constexpr std::uint64_t kMaxMessageBytes = std::uint64_t(1) << 46;
+  static constexpr std::uint64_t kMaxMessageBytes = chorus::kMaxMessageBytes;
 };
 
 namespace detail {

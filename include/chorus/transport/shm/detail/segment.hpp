@@ -39,6 +39,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "chorus/core/buffer.hpp"
 #include "chorus/core/error.hpp"
 
 namespace chorus::shm {
@@ -56,7 +57,7 @@ struct Policy {
   static constexpr std::size_t kPullChunkBytes = 4u << 20;
   /// Without CMA, a large message streams through the ring in records of this payload.
   static constexpr std::size_t kStreamChunkBytes = 128 * 1024;
-  static constexpr std::uint64_t kMaxMessageBytes = std::uint64_t(1) << 46;
+  static constexpr std::uint64_t kMaxMessageBytes = chorus::kMaxMessageBytes;
   /// Payload of a mailbox slot: the largest one-shot message (algo/one_shot.hpp).
   static constexpr std::size_t kMailboxBytes = 4096 - 64;
 };
