@@ -36,16 +36,6 @@
 
 namespace chorus::algo {
 
-/// The mailbox link behind a transport's link to a peer (shm::Link), or null.
-template <class L>
-auto* mailbox_link(L& link) {
-  if constexpr (requires { link.shm_link(); }) {
-    return link.shm_link();
-  } else {
-    return static_cast<void*>(nullptr);
-  }
-}
-
 /// True when the transport can give every member of `g` a mailbox link.
 template <Transport T>
 bool has_mailboxes(const Group<T>& g) {

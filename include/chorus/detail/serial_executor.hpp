@@ -104,17 +104,14 @@ class SerialExecutor {
   /// Runs the call, lets the next one go, then completes its request: a waiter that returns
   /// finds the executor idle (its next blocking call runs inline, no hand-off).
   void run_job(Job& j) {
-    bool ok = true;
-    ErrorCode code = ErrorCode::system;
-    std::string what;
-    std::optional<Error> err;
+    std::optional<Error> err;          // a chorus error, kept as it is
+    std::optional<std::string> other;  // any other exception's text
     try {
       j.task();
     } catch (const Error& e) {
       err = e;
     } catch (const std::exception& e) {
-      ok = false;
-      what = e.what();
+      other = e.what();
     }
     {
       std::lock_guard lk(mu_);
@@ -124,8 +121,8 @@ class SerialExecutor {
     pending_.fetch_sub(1);
     if (err)
       j.state->fail(*err);
-    else if (!ok)
-      j.state->fail(code, what);
+    else if (other)
+      j.state->fail(ErrorCode::system, *other);
     else
       j.state->complete();
   }
