@@ -12,12 +12,20 @@
 /// Every blocking call and every Request::wait() is bounded by Options::timeout; a timeout
 /// aborts the communicator (like NCCL's watchdog) so no buffer is written after the call threw.
 /// A dead peer or broken link fails every pending and later operation with that peer with
-/// peer_failure, promptly. Destruction never hangs: pending operations fail with peer_failure.
+/// peer_failure, promptly. Destruction never waits for peers: operations still pending fail with
+/// `aborted` here (and their peers with peer_failure); finalize() waits for them first.
+///
+/// Threads: every call may come from any thread, also at once. Collectives (and split) run one
+/// at a time, in the order in which their calls took their sequence numbers: calls racing on
+/// one rank may take them in any order, so the ranks must agree on an order (else `mismatch`, or
+/// results paired with the wrong calls where the calls look alike). Point-to-point calls need
+/// no order. abort() may come from any thread at any time.
 
 #include <cstdint>
 #include <memory>
 #include <ranges>
 #include <span>
+#include <string>
 #include <type_traits>
 
 #include "chorus/core/buffer.hpp"
@@ -47,6 +55,19 @@ concept ElementRange = ByteRange<R> && Element<std::remove_cv_t<std::ranges::ran
 
 template <class R>
 concept WritableElementRange = ElementRange<R> && WritableByteRange<R>;
+
+/// What a communicator holds besides the caller's buffers (Communicator::memory_stats()). Each part
+/// has a cap or shrinks (docs/design.md, "Memory"); the transport's part is shared with the
+/// communicators split from the same parent.
+struct MemoryStats {
+  std::size_t scratch_bytes = 0;    ///< the algorithms' scratch: given back after a burst of large calls
+  std::size_t channel_bytes = 0;    ///< descriptor staging of the calls' first messages
+  std::size_t recorder_bytes = 0;   ///< the flight recorder (CHORUS_FLIGHT_RECORDER_ENTRIES)
+  std::size_t transport_bytes = 0;  ///< links: segments, buffers, eager messages waiting for receives
+  std::size_t total() const { return scratch_bytes + channel_bytes + recorder_bytes + transport_bytes; }
+  /// "total 2.1 MiB: scratch 1.0 MiB, channel 68.2 KiB, recorder 4.6 KiB, transport 1.0 MiB"
+  std::string to_string() const;
+};
 
 template <Transport T>
 class Communicator {
@@ -189,9 +210,19 @@ class Communicator {
   /// communicator shares this one's links and runs concurrently with it without interference.
   Communicator split(int color, int key);
 
-  /// Fails every pending and later operation of this communicator, here and (through the links
-  /// breaking) on every peer, with peer_failure. Idempotent; never blocks for long.
+  /// Fails every pending and later operation of this communicator with `aborted` here and
+  /// (through the links breaking) with peer_failure on every peer. Dumps the flight recorder.
+  /// Idempotent; never blocks for long; may be called from any thread. A split communicator
+  /// shares its links with its parent: aborting either aborts both.
   void abort();
+
+  /// Waits until every operation queued or running on this communicator has finished (each is
+  /// bounded by the timeout from when it starts running); their errors are reported by their own
+  /// requests. Like ncclCommFinalize: call it before destruction to let pending work complete.
+  void finalize();
+
+  /// What this communicator holds now (as of its last completed call for scratch and staging).
+  MemoryStats memory_stats() const;
 
   /// The transport (links to every peer), for algorithms.
   T& transport();
@@ -215,6 +246,7 @@ class Communicator {
   Request start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt, ReduceOp op,
                 int root, bool async);
   Request collective(algo::CollectiveDesc desc, algo::Args args, bool async);
+  void abort_with(const Error& why);
   static void run_algorithm(State& st, algo::Channel<T>& ch, const algo::CollectiveDesc& desc, const algo::Args& args,
                             const algo::Choice& choice);
 

@@ -366,7 +366,8 @@ TEST_CASE_TEMPLATE("p2p: barrier waits for every rank", M, InprocThreads, TcpThr
 }
 
 // abort() on rank 0 fails every rank's pending receive from rank 0 with peer_failure (not by the
-// timeout), and every later operation with rank 0 too; rank 0's own pending and later ones fail.
+// timeout), and every later operation with rank 0 too; rank 0's own pending and later ones fail
+// with `aborted`.
 TEST_CASE_TEMPLATE("p2p: abort fails the peers' pending receives", M, InprocThreads, TcpThreads, TcpProcesses, ShmProcesses) {
   for (int n : kWorldSizes) {
     CAPTURE(n);
@@ -381,8 +382,8 @@ TEST_CASE_TEMPLATE("p2p: abort fails the peers' pending receives", M, InprocThre
         store.wait(keys, kTimeout);
         comm.abort();
         comm.abort();  // idempotent
-        expect_error(ErrorCode::peer_failure, [&] { mine.wait(); }, "rank 0's own pending receive");
-        expect_error(ErrorCode::peer_failure, [&] { comm.send(b, 1, 12); }, "rank 0's send after abort");
+        expect_error(ErrorCode::aborted, [&] { mine.wait(); }, "rank 0's own pending receive");
+        expect_error(ErrorCode::aborted, [&] { comm.send(b, 1, 12); }, "rank 0's send after abort");
         // Keep the communicator alive until every peer saw the failure, so that it is abort()
         // that fails them and not the destruction of rank 0's communicator.
         keys.clear();

@@ -91,4 +91,53 @@ TEST_CASE("serial executor: try_run runs inline only when nothing is queued or r
   CHECK(inline_runs == 2);
 }
 
+// A call submitted while another runs inline (on its caller's thread) waits for it: never two at
+// once. Checked with the inline call holding the executor until the queued call has been posted
+// and the worker has had every chance to start it.
+TEST_CASE("serial executor: a queued call never overlaps an inline one") {
+  SerialExecutor ex;
+  std::atomic<int> running{0};
+  std::atomic<int> overlaps{0};
+  auto body = [&] {
+    if (running.fetch_add(1) != 0) overlaps.fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    running.fetch_sub(1);
+  };
+  for (int round = 0; round < 50; ++round) {
+    REQUIRE(ex.try_begin_inline());
+    auto s = state();
+    ex.submit(body, s);  // queued while the inline call holds the executor
+    CHECK(ex.pending() == 2);
+    body();
+    ex.end_inline();
+    s->wait();
+  }
+  CHECK(overlaps.load() == 0);
+  CHECK(ex.pending() == 0);
+}
+
+// cancel(): queued calls that have not started fail with the cancel error without running; the
+// running one finishes; later submissions fail too.
+TEST_CASE("serial executor: cancel fails the queued calls without running them") {
+  SerialExecutor ex;
+  std::atomic<bool> release{false};
+  std::atomic<int> ran{0};
+  auto first = state(), second = state(), third = state();
+  std::atomic<bool> started{false};
+  ex.submit([&] {
+    started = true;
+    while (!release.load()) std::this_thread::yield();
+    ran.fetch_add(1);
+  }, first);
+  ex.submit([&] { ran.fetch_add(1); }, second);
+  while (!started.load()) std::this_thread::yield();
+  ex.cancel(chorus::Error(chorus::ErrorCode::aborted, "cancelled by the test"));
+  release = true;
+  first->wait();
+  CHECK_THROWS_WITH_AS(second->wait(), doctest::Contains("cancelled by the test"), chorus::Error);
+  ex.submit([&] { ran.fetch_add(1); }, third);
+  CHECK_THROWS_AS(third->wait(), chorus::Error);
+  CHECK(ran.load() == 1);
+}
+
 }  // namespace unit_test_serial_executor

@@ -118,8 +118,20 @@ class ChannelMemory {
     staged_.clear();
     ops_.clear();
     mine_ = mine;
+    // Staging blocks beyond what the last call used are freed once there are more than 16
+    // (1 MiB): a burst of many-message calls does not keep its peak.
+    if (blocks_.size() > 16 && block_ + 1 < blocks_.size() / 2) blocks_.resize(block_ + 1);
     block_ = 0;
     used_ = 0;
+  }
+
+  /// Bytes held (staging blocks and the lists' capacity).
+  std::size_t bytes() const {
+    std::size_t b = sizeof(*this) + blocks_.size() * kBlockBytes + peers_.capacity() * sizeof(Peer) +
+                    staged_.capacity() * sizeof(Staged) + ops_.capacity() * sizeof(Request) +
+                    theirs_.capacity() * sizeof(Stamp);
+    for (const auto& l : op_lists_) b += l.capacity() * sizeof(ChannelOp);
+    return b;
   }
 
   /// n bytes of staging memory, valid until the next reset (blocks never move).

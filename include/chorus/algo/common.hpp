@@ -2,6 +2,7 @@
 /// What every algorithm receives: the call's buffers and parameters, and the scratch memory the
 /// communicator keeps for it (grown on demand, reused across calls: no allocation per step).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -32,13 +33,38 @@ class Scratch {
   std::byte* get(std::size_t n) { return grow(slots_, n); }
   std::byte* work(std::size_t n) { return grow(work_, n); }
 
- private:
-  static std::byte* grow(std::vector<std::byte>& v, std::size_t n) {
-    if (v.size() < n) v.resize(n);
-    return v.data();
+  /// After each call: scratch that grew for a burst of large calls is given back once kWindow
+  /// calls in a row needed less than half of it, down to what they needed (never below
+  /// kKeepBytes per buffer, so steady traffic never reallocates).
+  void end_call() {
+    if (++calls_ < kWindow) return;
+    calls_ = 0;
+    for (Buffer* b : {&slots_, &work_}) {
+      if (b->v.size() > kKeepBytes && b->window_max < b->v.size() / 2) {
+        std::vector<std::byte>(std::max(b->window_max, kKeepBytes)).swap(b->v);
+      }
+      b->window_max = 0;
+    }
   }
-  std::vector<std::byte> slots_;
-  std::vector<std::byte> work_;
+  /// Bytes held.
+  std::size_t bytes() const { return slots_.v.capacity() + work_.v.capacity(); }
+
+  static constexpr std::size_t kKeepBytes = std::size_t(4) << 20;
+  static constexpr int kWindow = 16;
+
+ private:
+  struct Buffer {
+    std::vector<std::byte> v;
+    std::size_t window_max = 0;  ///< the most a call needed since the last look
+  };
+  static std::byte* grow(Buffer& b, std::size_t n) {
+    if (n > b.window_max) b.window_max = n;
+    if (b.v.size() < n) b.v.resize(n);
+    return b.v.data();
+  }
+  Buffer slots_;
+  Buffer work_;
+  int calls_ = 0;
 };
 
 inline ConstBytes cbytes(const std::byte* p, std::size_t n) { return {p, n}; }

@@ -18,6 +18,7 @@ enum class ErrorCode {
   invalid_argument,  ///< bad input from the caller or the environment
   system,            ///< an operating-system call failed
   unsupported,       ///< a feature this build or machine does not have
+  aborted,           ///< this rank aborted the communicator (abort(), or destroyed with work pending)
 };
 
 constexpr std::string_view to_string(ErrorCode c) noexcept {
@@ -28,6 +29,7 @@ constexpr std::string_view to_string(ErrorCode c) noexcept {
     case ErrorCode::invalid_argument: return "invalid_argument";
     case ErrorCode::system: return "system";
     case ErrorCode::unsupported: return "unsupported";
+    case ErrorCode::aborted: return "aborted";
   }
   return "unknown";
 }

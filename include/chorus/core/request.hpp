@@ -97,7 +97,12 @@ class RequestState {
   /// aborts, so the buffer is never written after wait() has thrown) and throws timeout.
   void wait() {
     if (done()) return settled();  // no clock read for a request that is already complete
-    wait_until(Clock::now() + timeout_);
+    if (!from_start_) return wait_until(Clock::now() + timeout_);
+    // A queued call: the timeout counts from when it starts running. Until then it waits behind
+    // calls that are each bounded by their own timeout (and a timeout aborts the rest).
+    while (started_.load(std::memory_order_acquire) == 0)
+      if (wait_before(Clock::now() + timeout_)) return;
+    wait_until(Clock::time_point(Clock::duration(started_.load(std::memory_order_acquire))) + timeout_ + grace_);
   }
   /// As wait(), for a caller that has already waited part of the timeout (polling with
   /// wait_for): the deadline is the start of its wait plus timeout().
@@ -167,6 +172,14 @@ class RequestState {
     f();
   }
   void set_on_timeout(std::function<void(const Error&)> f) { on_timeout_ = std::move(f); }
+  /// wait()'s timeout counts from mark_started(), not from the wait, plus `grace` (for an
+  /// operation whose own steps time out first and report more); set before handing it out.
+  void count_from_start(std::chrono::milliseconds grace = {}) {
+    from_start_ = true;
+    grace_ = grace;
+  }
+  /// The operation starts running now (see count_from_start()).
+  void mark_started() { started_.store(Clock::now().time_since_epoch().count(), std::memory_order_release); }
   /// The engine that completes this request: its waiter drives it, and a timeout aborts it unless
   /// an on-timeout hook is set (set once, before the request is handed out).
   void set_driver(std::weak_ptr<Driver> d) { driver_ = std::move(d); }
@@ -228,6 +241,9 @@ class RequestState {
   LazyOp lazy_;
   mutable ErrorContext ctx_;  ///< op filled from lazy_ on first use, under mu_
   std::chrono::milliseconds timeout_;
+  bool from_start_ = false;
+  std::chrono::milliseconds grace_{0};
+  std::atomic<Clock::rep> started_{0};  ///< when the operation started running (0: not yet)
 };
 
 /// Memory blocks of one size, recycled: the request states of a link (control block and object,

@@ -34,7 +34,8 @@ class SerialExecutor {
   ~SerialExecutor() { pool_.join(); }
 
   /// Queues `task`; `state` completes when it has run (or fails with its error). A thread that
-  /// waits for `state` may run the task itself (see above).
+  /// waits for `state` may run the task itself (see above). Once cancel() has been called, a
+  /// queued task never runs: its request fails with the cancel error when its turn comes.
   void submit(std::function<void()> task, std::shared_ptr<RequestState> state) {
     auto job = std::make_shared<Job>(*this, std::move(task), state);
     {
@@ -46,7 +47,7 @@ class SerialExecutor {
     asio::post(pool_, [this, job] {
       {
         std::unique_lock lk(mu_);
-        cv_.wait(lk, [&] { return finished_ == job->index || job->claimed; });
+        cv_.wait(lk, [&] { return my_turn(*job) || job->claimed; });
         if (job->claimed) return;  // a waiter runs it
         job->claimed = true;
       }
@@ -54,18 +55,48 @@ class SerialExecutor {
     });
   }
 
+  /// Claims the executor for a call that the caller runs on its own thread: true when nothing is
+  /// queued or running (then end_inline() must follow the call), false otherwise. The claim is an
+  /// atomic flag, so a call submitted meanwhile waits for end_inline() and never overlaps it.
+  bool try_begin_inline() {
+    int idle = 0;
+    return pending_.compare_exchange_strong(idle, kInline);
+  }
+  void end_inline() {
+    if (pending_.fetch_sub(kInline) != kInline) {  // a call was queued meanwhile: its turn now
+      std::lock_guard lk(mu_);
+      cv_.notify_all();
+    }
+  }
+
   /// Runs `task` now on this thread when nothing is queued or running, and says so; false (nothing
   /// run) otherwise. A template, so the task is not copied into a std::function (no allocation).
   template <class F>
   bool try_run(F& task) {
-    int idle = 0;
-    if (!pending_.compare_exchange_strong(idle, 1)) return false;
-    struct Release {
-      std::atomic<int>& p;
-      ~Release() { p.fetch_sub(1); }
-    } release{pending_};
+    if (!try_begin_inline()) return false;
+    struct End {
+      SerialExecutor& e;
+      ~End() { e.end_inline(); }
+    } end{*this};
     task();
     return true;
+  }
+
+  /// Calls queued or running (an inline call counts as one).
+  int pending() const {
+    const int p = pending_.load();
+    return (p & (kInline - 1)) + (p >= kInline ? 1 : 0);
+  }
+
+  /// Fails every queued call that has not started with `why` instead of running it (each when
+  /// its turn comes, in order); a call that is running is not touched (the caller aborts the
+  /// transport under it). Later submissions fail the same way. Never blocks.
+  void cancel(const Error& why) {
+    {
+      std::lock_guard lk(mu_);
+      if (!cancelled_) cancelled_ = why;
+    }
+    cv_.notify_all();
   }
 
  private:
@@ -94,9 +125,14 @@ class SerialExecutor {
     bool claimed = false;     ///< started by a thread (under mu_)
   };
 
+  static constexpr int kInline = 1 << 24;  ///< in pending_: a caller runs a call inline
+
+  /// Every call before `j` has finished and no inline call runs (under mu_).
+  bool my_turn(const Job& j) const { return finished_ == j.index && pending_.load() < kInline; }
+
   bool try_claim(Job& j) {
     std::lock_guard lk(mu_);
-    if (j.claimed || finished_ != j.index) return false;
+    if (j.claimed || !my_turn(j)) return false;
     j.claimed = true;
     return true;
   }
@@ -106,8 +142,13 @@ class SerialExecutor {
   void run_job(Job& j) {
     std::optional<Error> err;          // a chorus error, kept as it is
     std::optional<std::string> other;  // any other exception's text
+    {
+      std::lock_guard lk(mu_);
+      err = cancelled_;
+    }
+    if (!err) j.state->mark_started();
     try {
-      j.task();
+      if (!err) j.task();
     } catch (const Error& e) {
       err = e;
     } catch (const std::exception& e) {
@@ -131,7 +172,8 @@ class SerialExecutor {
   std::condition_variable cv_;
   std::uint64_t submitted_ = 0;  ///< jobs submitted (under mu_)
   std::uint64_t finished_ = 0;   ///< jobs finished, in order (under mu_)
-  std::atomic<int> pending_{0};
+  std::optional<Error> cancelled_;  ///< set by cancel() (under mu_)
+  std::atomic<int> pending_{0};     ///< calls queued or running; kInline added while one runs inline
   asio::thread_pool pool_{1};    ///< declared last: joined (in the destructor) before the rest goes
 };
 

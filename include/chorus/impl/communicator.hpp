@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -15,11 +18,13 @@
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/direct.hpp"
 #include "chorus/algo/double_tree.hpp"
+#include "chorus/algo/flight_recorder.hpp"
 #include "chorus/algo/one_shot.hpp"
 #include "chorus/algo/ring.hpp"
 #include "chorus/algo/select.hpp"
 #include "chorus/algo/tree.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/detail/dump.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/detail/serial_executor.hpp"
 #include "chorus/transport/matching.hpp"
@@ -198,24 +203,57 @@ struct Communicator<T>::State {
   bool mailboxes = false;
   algo::Scratch scratch;
   std::shared_ptr<algo::ChannelMemory> channel_memory;  ///< reused by each call's Channel
-  std::uint64_t coll_seq = 0;       ///< collectives called so far (identical on every rank)
-  std::uint64_t split_seq = 0;
+  /// scratch.bytes() and channel_memory->bytes() after the last call (memory_stats() reads them
+  /// from any thread; the call's thread owns the buffers).
+  std::atomic<std::size_t> scratch_bytes{0}, channel_bytes{0};
+
+  /// After each call: lets scratch shrink after a burst, and updates the gauges.
+  void end_call() {
+    scratch.end_call();
+    scratch_bytes.store(scratch.bytes(), std::memory_order_relaxed);
+    channel_bytes.store(channel_memory ? channel_memory->bytes() : 0, std::memory_order_relaxed);
+  }
+
+  MemoryStats memory_stats() const {
+    MemoryStats m;
+    m.scratch_bytes = scratch_bytes.load(std::memory_order_relaxed);
+    m.channel_bytes = channel_bytes.load(std::memory_order_relaxed);
+    m.recorder_bytes = recorder ? recorder->bytes() : 0;
+    if constexpr (requires(const T& t) { t.memory_bytes(); }) m.transport_bytes = transport->memory_bytes();
+    return m;
+  }
+  /// A collective takes its sequence number and its place in the executor under this lock, so
+  /// calls from several threads run one at a time in the order of their numbers.
+  std::mutex call_mu;
+  std::uint64_t coll_seq = 0;       ///< collectives called so far (identical on every rank; under call_mu)
+  std::atomic<std::uint64_t> split_seq{0};
   /// One receive buffer per peer, owned jointly with the pending receives' callbacks: a receive
   /// still posted in a shared link when this communicator is gone keeps its buffer alive.
   std::shared_ptr<std::vector<detail::ErrorNotice>> notices;
   std::vector<Request> notice_recvs;
   std::shared_ptr<detail::Herald<T>> herald;  ///< tells the others of a mismatch (set with the notices)
   std::atomic<bool> aborted{false};
-  /// The last collectives this rank ran (worker or caller thread, one at a time), for the
-  /// cross-check through the store when a wait stalls.
-  static constexpr std::size_t kHistory = 16;
-  std::array<algo::CollectiveDesc, kHistory> history{};  ///< a ring: call k at k % kHistory
-  std::uint64_t history_count = 0;
-
-  void remember(const algo::CollectiveDesc& d) { history[history_count++ % kHistory] = d; }
+  /// The last calls (at least 16; CHORUS_FLIGHT_RECORDER_ENTRIES): dumped on a failure, and
+  /// published for the cross-check through the store when a wait stalls.
+  std::shared_ptr<algo::FlightRecorder> recorder;
+  std::atomic<bool> dumped{false};  ///< the recorder was dumped for a failure (once per communicator)
+  /// The stall cross-check of the running call: its sequence number and when it may run next
+  /// (200 ms after the stall began, then at doubling gaps up to 5 s: a long hang costs the store
+  /// a write per rank every 5 s, not every 200 ms). Used by the thread that runs the call.
+  std::uint64_t stall_seq = ~std::uint64_t(0);
+  std::chrono::steady_clock::time_point stall_next{};
+  std::chrono::milliseconds stall_gap{0};
   detail::SerialExecutor exec;      ///< declared last: joined first, before anything it uses goes
 
   ErrorContext ctx(int peer, std::string op) const { return {group.rank, peer, std::move(op)}; }
+
+  /// The flight recorder, once the group is known; registered for CHORUS_DUMP_ON_SIGNAL.
+  void make_recorder() {
+    const auto n = detail::env_int("CHORUS_FLIGHT_RECORDER_ENTRIES", 16, 1 << 20).value_or(64);
+    recorder = std::make_shared<algo::FlightRecorder>(static_cast<std::size_t>(n), group.rank, group.members,
+                                                      group.context >> detail::kContextShift);
+    detail::DumpRegistry::instance().add(recorder);
+  }
 
   Tag error_tag() const { return detail::error_tag(group.context); }
 
@@ -247,13 +285,115 @@ struct Communicator<T>::State {
            std::to_string(group.members[rank]);
   }
 
+  std::string progress_key(int rank) const {
+    return "chorus/progress/" + std::to_string(group.context >> detail::kContextShift) + "/" +
+           std::to_string(group.members[rank]);
+  }
+
+  /// A wait stalled (called every kStallCheck while it does): now and then, publish this rank's
+  /// progress and cross-check the call (see stall_next).
+  void stall(const algo::CollectiveDesc& mine) {
+    using namespace std::chrono_literals;
+    const auto now = std::chrono::steady_clock::now();
+    if (mine.seq != stall_seq) {
+      stall_seq = mine.seq;
+      stall_gap = 200ms;
+    } else if (now < stall_next) {
+      return;
+    } else {
+      stall_gap = std::min<std::chrono::milliseconds>(stall_gap * 2, 5s);
+    }
+    stall_next = now + stall_gap;
+    publish_progress();
+    cross_check(mine);
+  }
+
+  /// "entered E completed C at T": calls this rank has started and completed, and the wall time
+  /// in milliseconds since the epoch; read by a rank that times out (late_ranks()).
+  void publish_progress() {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch()).count();
+    boot.store->set(progress_key(group.rank), "entered " + std::to_string(recorder->entered()) + " completed " +
+                                                  std::to_string(recorder->completed()) + " at " + std::to_string(ms));
+  }
+
+  /// A call that stalled has completed: its progress is published again, so that a rank that
+  /// later times out waiting for this one learns where it is (never throws).
+  void republish_progress() {
+    try {
+      publish_progress();
+    } catch (const std::exception& e) {
+      detail::log(detail::LogLevel::info, group.rank, "cannot publish progress: ", e.what());
+    }
+  }
+
+  /// For a timed-out call `mine`: which ranks have not entered it, from what each published when
+  /// its own waits stalled. Store errors are reported in the text, never thrown.
+  std::string late_ranks(const algo::CollectiveDesc& mine) {
+    const std::string call = std::string(algo::to_string(mine.kind)) + " #" + std::to_string(mine.seq);
+    std::vector<int> inside;
+    std::string late;
+    try {
+      publish_progress();
+      const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::system_clock::now().time_since_epoch()).count();
+      for (int p = 0; p < group.size(); ++p) {
+        if (p == group.rank) continue;
+        std::uint64_t entered = 0, completed = 0;
+        std::int64_t at = 0;
+        bool known = false;
+        if (boot.store->check({progress_key(p)})) {
+          std::istringstream in(boot.store->get(progress_key(p), std::min<std::chrono::milliseconds>(boot.options.timeout, std::chrono::seconds(2))));
+          std::string w1, w2, w3;
+          known = static_cast<bool>(in >> w1 >> entered >> w2 >> completed >> w3 >> at) && w1 == "entered";
+        }
+        if (known && entered > mine.seq) {
+          inside.push_back(p);
+          continue;
+        }
+        late += "; rank " + std::to_string(p) + " has not entered " + call;
+        if (!known)
+          late += " (it published no progress: a rank publishes when one of its calls stalls)";
+        else
+          late += "; its last completed call is " + (completed == 0 ? std::string("none") : "#" + std::to_string(completed - 1)) +
+                  " (as it published " + std::to_string((now_ms - at) / 1000) + " s ago" +
+                  (entered > completed ? ", inside #" + std::to_string(entered - 1) : std::string()) + ")";
+      }
+    } catch (const std::exception& e) {
+      late += std::string("; the store could not tell which ranks are late: ") + e.what();
+    }
+    std::string s = late.empty() ? "; every rank has entered " + call + " (a link may be stuck)" : late;
+    if (!inside.empty()) {
+      s += "; in it: rank";
+      for (std::size_t i = 0; i < inside.size(); ++i) s += (i ? ", " : (inside.size() > 1 ? "s " : " ")) + std::to_string(inside[i]);
+    }
+    return s;
+  }
+
+  /// Dumps the flight recorder once per communicator (later failures are consequences).
+  void dump_once(std::string_view reason) {
+    if (!dumped.exchange(true)) detail::write_dump(recorder->dump(reason));
+  }
+
+  /// A call failed with `e`: tell every rank of a mismatch; dump the recorder; a timeout is
+  /// thrown again naming the ranks that have not entered the call.
+  void failed(const algo::CollectiveDesc& d, const Error& e) {
+    if (e.code() == ErrorCode::mismatch) return spread(e);
+    if (e.code() == ErrorCode::timeout) {
+      const std::string late = late_ranks(d);
+      dump_once(std::string("timeout in ") + algo::describe(d));
+      throw Error::from_text(e.code(), e.what() + late, e.rank(), e.peer());
+    }
+    if (e.code() == ErrorCode::peer_failure || e.code() == ErrorCode::aborted)
+      dump_once(std::string(to_string(e.code())) + " in " + algo::describe(d) + ": " + e.what());
+  }
+
   /// A wait stalled: publish this rank's recent collectives in the store and compare the current
   /// one with what the others published for the same sequence number.
   void cross_check(const algo::CollectiveDesc& mine) {
     std::string blob;
-    const std::uint64_t first = history_count > kHistory ? history_count - kHistory : 0;
-    for (std::uint64_t k = first; k < history_count; ++k)
-      blob.append(reinterpret_cast<const char*>(&history[k % kHistory]), sizeof(algo::CollectiveDesc));
+    for (const auto& r : recorder->snapshot())
+      blob.append(reinterpret_cast<const char*>(&r.desc), sizeof(algo::CollectiveDesc));
     boot.store->set(history_key(group.rank), blob);
     for (int p = 0; p < group.size(); ++p) {
       if (p == group.rank || !boot.store->check({history_key(p)})) continue;
@@ -294,16 +434,56 @@ Communicator<T> Communicator<T>::create(Options options) {
       throw Error(ErrorCode::invalid_argument, "CHORUS_BENCH_NO_DESCRIPTORS='" + *v + "' is not 0 or 1");
     s->group.descriptors = *v == "0";
   }
+  s->make_recorder();
   s->watch_for_errors();
-  detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready: ", s->boot.size, " ranks over ", T::kName);
+  detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready: ", s->boot.size, " ranks over ", T::kName,
+              "; memory: ", s->memory_stats().to_string());
   return Communicator(std::move(s));
 }
 
 template <Transport T>
 Communicator<T>::Communicator(std::unique_ptr<State> s) : s_(std::move(s)) {}
 
+/// Never waits for peers: work still pending is aborted (see communicator.hpp).
 template <Transport T>
-Communicator<T>::~Communicator() = default;
+Communicator<T>::~Communicator() {
+  if (!s_) return;  // moved from
+  detail::log(detail::LogLevel::info, rank(), "communicator destroyed after ", s_->recorder->entered(),
+              " collectives; memory: ", s_->memory_stats().to_string());
+  const int pending = s_->exec.pending();
+  if (pending == 0) return;
+  detail::log(detail::LogLevel::warn, rank(), "communicator destroyed with ", pending,
+              " operation(s) pending: they fail with `aborted` (call finalize() first to wait for them)");
+  abort_with(Error(ErrorCode::aborted, s_->ctx(-1, "~Communicator"),
+                   "the communicator was destroyed with " + std::to_string(pending) +
+                       " operation(s) pending (finalize() waits for them)"));
+}
+
+template <Transport T>
+void Communicator<T>::abort_with(const Error& why) {
+  State& st = *s_;
+  if (st.aborted.exchange(true)) return;
+  st.exec.cancel(why);  // queued calls fail without running
+  st.transport->abort(why);
+  st.dump_once(why.what());
+}
+
+template <Transport T>
+void Communicator<T>::finalize() {
+  State& st = *s_;
+  std::unique_lock lk(st.call_mu);
+  if (st.exec.pending() == 0) return;
+  // An empty call after every queued one: it runs (or fails, after a cancel) once they are done.
+  auto req = std::make_shared<detail::RequestState>(st.ctx(-1, "finalize"), st.boot.options.timeout);
+  req->count_from_start();
+  st.exec.submit([] {}, req);
+  lk.unlock();
+  try {
+    req->wait();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::aborted) throw;  // the calls themselves report their errors
+  }
+}
 
 template <Transport T>
 int Communicator<T>::rank() const {
@@ -318,6 +498,22 @@ int Communicator<T>::size() const {
 template <Transport T>
 const Options& Communicator<T>::options() const {
   return s_->boot.options;
+}
+
+template <Transport T>
+MemoryStats Communicator<T>::memory_stats() const {
+  return s_->memory_stats();
+}
+
+inline std::string MemoryStats::to_string() const {
+  auto fmt = [](std::size_t b) {
+    char buf[32];
+    if (b >= (std::size_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1 << 20));
+    else std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / (1 << 10));
+    return std::string(buf);
+  };
+  return "total " + fmt(total()) + ": scratch " + fmt(scratch_bytes) + ", channel " + fmt(channel_bytes) + ", recorder " +
+         fmt(recorder_bytes) + ", transport " + fmt(transport_bytes);
 }
 
 template <Transport T>
@@ -354,7 +550,11 @@ void Communicator<T>::same_size(std::size_t a, std::size_t b, const char* what) 
 template <Transport T>
 Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, bool async) {
   State& st = *s_;
-  desc.seq = st.coll_seq++;
+  // The sequence number and the place in the executor are taken under one lock: calls from
+  // several threads run in the order of their numbers, one at a time. The number is used up
+  // once the call is valid.
+  std::unique_lock lk(st.call_mu);
+  desc.seq = st.coll_seq;
   args.dtype = desc.dtype;
   args.op = desc.op;
   args.root = desc.root;
@@ -387,40 +587,53 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
                 ", slices of ", choice.slice_bytes, " bytes");
 
   auto task = [&st, desc, args, choice] {
-    st.remember(desc);
-    if (choice.algorithm == algo::Algorithm::one_shot) {
-      try {
-        algo::one_shot_all_reduce(st.group, desc, args, st.boot.options.timeout,
-                                  [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::mismatch) st.spread(e);  // as below
-        throw;
-      }
-      return;
-    }
-    algo::Channel<T> ch(st.group, desc, st.channel_memory,
-                        [&st](const algo::CollectiveDesc& d) { st.cross_check(d); });
+    st.recorder->started(desc, choice.algorithm);
     try {
-      run_algorithm(st, ch, desc, args, choice);
-      ch.finish();
+      if (choice.algorithm == algo::Algorithm::one_shot) {
+        algo::one_shot_all_reduce(st.group, desc, args, st.boot.options.timeout,
+                                  [&st](const algo::CollectiveDesc& d) { st.stall(d); });
+      } else {
+        algo::Channel<T> ch(st.group, desc, st.channel_memory, [&st](const algo::CollectiveDesc& d) { st.stall(d); });
+        run_algorithm(st, ch, desc, args, choice);
+        ch.finish();
+      }
     } catch (const Error& e) {
       // Every mismatch is told to every rank here, and this rank's transport aborted: the one this
       // rank found (two descriptors compared, on a message or through the store) and the one that
       // reached it from a peer (a failed message, a notice). A rank further along the ring or
       // tree may be waiting on this one, and must not learn of it only by its timeout.
-      if (e.code() == ErrorCode::mismatch) st.spread(e);
+      st.recorder->finished(desc.seq, false);
+      st.end_call();
+      st.failed(desc, e);
       throw;
     }
+    st.recorder->finished(desc.seq, true);
+    st.end_call();
+    if (st.stall_seq == desc.seq) st.republish_progress();
   };
+  ++st.coll_seq;
   // A blocking call with nothing queued before it runs here and now, and needs no request state
   // (nothing to allocate: the call's own messages carry the timeouts).
-  if (!async && st.exec.try_run(task)) return Request();
+  if (!async && st.exec.try_begin_inline()) {
+    lk.unlock();
+    struct End {
+      detail::SerialExecutor& e;
+      ~End() { e.end_inline(); }
+    } end{st.exec};
+    task();
+    return Request();
+  }
   auto req = std::make_shared<detail::RequestState>(st.ctx(-1, algo::describe(desc)), st.boot.options.timeout);
+  // Its timeout counts from when it starts running, not while it waits behind earlier calls; the
+  // call's own waits time out first (within the timeout of their start) and name the late ranks.
+  req->count_from_start(std::min<std::chrono::milliseconds>(st.boot.options.timeout, std::chrono::seconds(5)));
   std::weak_ptr<T> weak = st.transport;
   req->set_on_timeout([weak](const Error& e) {
     if (auto t = weak.lock()) t->abort(e);
   });
+  st.recorder->queued(desc, choice.algorithm);
   st.exec.submit(task, req);
+  lk.unlock();
   if (!async) req->wait();
   return Request(req);
 }
@@ -566,6 +779,7 @@ Communicator<T> Communicator<T>::split(int color, int key) {
   if (id <= 0 || id >= (1 << 16))
     throw Error(ErrorCode::unsupported, st.ctx(-1, "split"), "more than 65535 sub-communicators in one job");
   sub->group.context = static_cast<Tag>(id) << detail::kContextShift;
+  sub->make_recorder();
   sub->watch_for_errors();
   // 4. Nobody uses the new group before everyone has posted its error watch.
   Communicator c(std::move(sub));
@@ -575,8 +789,7 @@ Communicator<T> Communicator<T>::split(int color, int key) {
 
 template <Transport T>
 void Communicator<T>::abort() {
-  if (s_->aborted.exchange(true)) return;
-  s_->transport->abort(Error(ErrorCode::peer_failure, s_->ctx(-1, "abort"), "communicator aborted by the user"));
+  abort_with(Error(ErrorCode::aborted, s_->ctx(-1, "abort"), "communicator aborted by the user"));
 }
 
 }  // namespace chorus

@@ -5,6 +5,7 @@
 /// independent. Not thread-safe: each transport guards it (a mutex, or its one progress thread).
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,25 @@
 #include "chorus/core/concepts.hpp"
 
 namespace chorus::detail {
+
+/// A byte count that one thread at a time changes (under its link's lock or drive token) and any
+/// thread may read (Communicator::memory_stats()): relaxed atomic loads and stores, no locked
+/// instruction on the link's path.
+class ByteGauge {
+ public:
+  ByteGauge& operator+=(std::size_t n) {
+    v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    return *this;
+  }
+  ByteGauge& operator-=(std::size_t n) {
+    v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
+    return *this;
+  }
+  operator std::size_t() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::size_t> v_{0};
+};
 
 /// A posted receive of the tcp and shm links: where the bytes go, the request it completes, its tag.
 struct RecvOp {

@@ -101,6 +101,11 @@ class Transport {
                   "no link to this peer (send to self is not supported)");
     return links_[static_cast<std::size_t>(peer)];
   }
+  /// Bytes the shm and tcp links hold.
+  std::size_t memory_bytes() const {
+    return sizeof(*this) + links_.capacity() * sizeof(Link) + (shm_ ? shm_->memory_bytes() : 0) +
+           (tcp_ ? tcp_->memory_bytes() : 0);
+  }
   /// "shm" or "tcp": how this rank reaches `peer`.
   std::string_view link_kind(int peer) { return link(peer).kind(); }
 

@@ -1,7 +1,8 @@
 #pragma once
 /// inproc::Link: a peer that is another thread of this process. Messages of up to kEagerBytes are
-/// copied at send time (the send completes at once); larger ones wait for the receive and are
-/// copied once, straight into the receiver's buffer.
+/// copied at send time (the send completes at once) while at most kMaxUnexpectedBytes of such
+/// copies wait for their receives on the link; larger ones, and those past that cap, wait for the
+/// receive and are copied once, straight into the receiver's buffer.
 
 #include <cstring>
 #include <memory>
@@ -17,6 +18,7 @@ namespace chorus::inproc {
 
 struct Policy {
   static constexpr std::size_t kEagerBytes = 64 * 1024;
+  static constexpr std::size_t kMaxUnexpectedBytes = 64u << 20;
 };
 
 namespace detail {
@@ -43,9 +45,18 @@ using Arrival = std::variant<EagerArrival, RendezvousArrival>;
 struct Mailbox {
   std::mutex mu;
   chorus::detail::TagMatcher<RecvOp, Arrival> matcher;
+  /// Bytes of eager messages waiting for their receive (at most Policy::kMaxUnexpectedBytes).
+  std::size_t unexpected_bytes = 0;
   bool broken = false;
   std::string broken_reason;
   ErrorCode broken_code = ErrorCode::peer_failure;
+  int broken_by = -1;  ///< the rank whose failure or abort broke it
+
+  /// The code an operation of `rank` fails with on a broken mailbox: an abort is `aborted` for the
+  /// rank that aborted and a peer's failure for the others (as a closed socket is on tcp).
+  ErrorCode code_for(int rank) const {
+    return broken_code == ErrorCode::aborted && rank != broken_by ? ErrorCode::peer_failure : broken_code;
+  }
 };
 
 /// Deferred completions: run once the mailbox lock is released.
@@ -121,17 +132,18 @@ class Link {
     detail::Completions done;
     std::lock_guard lk(out_->mu);
     if (out_->broken) {
-      done.fail(req, out_->broken_code, out_->broken_reason);
+      done.fail(req, out_->code_for(rank_), out_->broken_reason);
       return Request(req);
     }
     if (auto r = out_->matcher.take_posted(tag)) {
       detail::Arrival a = detail::RendezvousArrival{data, req};
       detail::deliver(a, *r, done);
-    } else if (data.size <= Policy::kEagerBytes) {
+    } else if (data.size <= Policy::kEagerBytes && out_->unexpected_bytes + data.size <= Policy::kMaxUnexpectedBytes) {
       detail::EagerArrival e{std::vector<std::byte>(data.data, data.data + data.size)};
       out_->matcher.add_unexpected(tag, std::move(e));
+      out_->unexpected_bytes += data.size;
       done.ok(req, data.size);
-    } else {
+    } else {  // large, or too much is waiting already: the send completes when its receive comes
       out_->matcher.add_unexpected(tag, detail::RendezvousArrival{data, req});
     }
     return Request(req);
@@ -142,10 +154,13 @@ class Link {
     detail::Completions done;
     std::lock_guard lk(in_->mu);
     detail::RecvOp r{data, req};
-    if (in_->matcher.take_unexpected(tag, [&](detail::Arrival& a) { detail::deliver(a, r, done); })) {
+    if (in_->matcher.take_unexpected(tag, [&](detail::Arrival& a) {
+          if (auto* e = std::get_if<detail::EagerArrival>(&a)) in_->unexpected_bytes -= e->data.size();
+          detail::deliver(a, r, done);
+        })) {
       // delivered
     } else if (in_->broken) {
-      done.fail(req, in_->broken_code, in_->broken_reason);
+      done.fail(req, in_->code_for(rank_), in_->broken_reason);
     } else {
       in_->matcher.add_posted(tag, std::move(r));
     }

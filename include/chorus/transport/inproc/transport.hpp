@@ -33,9 +33,9 @@ class World {
     // (what was copied stays receivable): failing those wakes p, and p must already find its
     // sends to rank refused.
     for (int p = 0; p < size_; ++p)
-      if (p != rank) break_box(box(p, rank), "rank " + std::to_string(rank) + " " + why, /*keep_eager=*/false, code);
+      if (p != rank) break_box(box(p, rank), "rank " + std::to_string(rank) + " " + why, /*keep_eager=*/false, code, rank, p, rank);
     for (int p = 0; p < size_; ++p)
-      if (p != rank) break_box(box(rank, p), "peer " + std::to_string(rank) + " " + why, /*keep_eager=*/true, code);
+      if (p != rank) break_box(box(rank, p), "peer " + std::to_string(rank) + " " + why, /*keep_eager=*/true, code, rank, rank, p);
   }
 
   /// Process-wide registry: the World of the job with this nonce, created by the first rank.
@@ -57,21 +57,25 @@ class World {
   }
 
  private:
-  static void break_box(Mailbox& b, const std::string& why, bool keep_eager, ErrorCode code) {
+  /// Breaks the mailbox of `src`'s messages to `dst`, because of `breaker`.
+  static void break_box(Mailbox& b, const std::string& why, bool keep_eager, ErrorCode code, int breaker, int src, int dst) {
     Completions done;
     std::lock_guard lk(b.mu);
     if (b.broken) return;
     b.broken = true;
     b.broken_reason = why;
     b.broken_code = code;
-    b.matcher.drain_posted([&](RecvOp& r) { done.fail(r.req, code, why); });
+    b.broken_by = breaker;
+    b.matcher.drain_posted([&](RecvOp& r) { done.fail(r.req, b.code_for(dst), why); });
     // A rendezvous send points at its sender's buffer, which may be gone: fail it either way.
     b.matcher.remove_unexpected_if([&](Arrival& a) {
       if (auto* z = std::get_if<RendezvousArrival>(&a)) {
-        done.fail(z->send_req, code, why);
+        done.fail(z->send_req, b.code_for(src), why);
         return true;
       }
-      return !keep_eager;
+      if (keep_eager) return false;
+      if (auto* e = std::get_if<EagerArrival>(&a)) b.unexpected_bytes -= e->data.size();
+      return true;
     });
   }
 
@@ -110,6 +114,19 @@ class Transport {
   int rank() const { return rank_; }
   int size() const { return size_; }
   Link& link(int peer) { return links_.at(peer); }
+
+  /// Bytes held for this rank: the eager copies its peers sent that wait for its receives (at
+  /// most Policy::kMaxUnexpectedBytes per peer).
+  std::size_t memory_bytes() const {
+    std::size_t b = sizeof(*this) + links_.capacity() * sizeof(Link);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      auto& box = world_->box(p, rank_);
+      std::lock_guard lk(box.mu);
+      b += box.unexpected_bytes;
+    }
+    return b;
+  }
 
   void abort(const Error& why) { world_->break_rank(rank_, std::string("aborted: ") + why.what(), why.code()); }
 

@@ -160,6 +160,9 @@ class Link {
   Link& operator=(const Link&) = delete;
 
   int peer() const { return peer_; }
+  /// Bytes this link holds: itself, its mapped segment and the eager messages waiting for their
+  /// receives (at most Policy::kMaxUnexpectedBytes: the ring is not read past it).
+  std::size_t memory_bytes() const { return sizeof(*this) + detail::kSegmentBytes + unexpected_bytes_; }
 
   Request isend(ConstBytes data, Tag tag) {
     auto req = make_request("send", tag, data.size);
@@ -599,7 +602,7 @@ class Link {
   bool pulling_ = false;
   std::atomic<bool> pull_cancel_{false};
   std::uint64_t next_send_id_ = 1;
-  std::size_t unexpected_bytes_ = 0;
+  chorus::detail::ByteGauge unexpected_bytes_;  ///< eager messages waiting for their receives
   std::atomic<bool> paused_{false};  ///< atomic: the progress thread's lock-free spin reads these
   std::atomic<bool> failed_{false};
   ErrorCode fail_code_ = ErrorCode::peer_failure;

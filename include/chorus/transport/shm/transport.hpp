@@ -271,6 +271,13 @@ class Transport {
                   peer == rank_ ? "no link to this rank itself (send to self is not supported)" : "no shm link to this peer");
     return *engine_->links[static_cast<std::size_t>(peer)];
   }
+  /// Bytes the links hold (see Link::memory_bytes()).
+  std::size_t memory_bytes() const {
+    std::size_t b = sizeof(*this);
+    for (const auto& l : engine_->links)
+      if (l) b += l->memory_bytes();
+    return b;
+  }
   /// True when messages from `peer` are pulled with cross-memory attach (else streamed).
   bool uses_cma(int peer) { return link(peer).cma(); }
 

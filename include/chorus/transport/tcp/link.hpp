@@ -105,6 +105,9 @@ class Link {
   Link& operator=(const Link&) = delete;
 
   int peer() const { return peer_; }
+  /// Bytes this link holds: itself (its read buffer included) and the eager messages waiting for
+  /// their receives (at most about Policy::kMaxUnexpectedBytes: reading pauses past it).
+  std::size_t memory_bytes() const { return sizeof(*this) + unexpected_bytes_; }
 
   Request isend(ConstBytes data, Tag tag) {
     auto req = make_request("send", tag, data.size);
@@ -487,7 +490,7 @@ class Link {
   bool parsing_ = false;  ///< read_header's loop runs
   bool again_ = false;    ///< ... and should go round once more
   std::uint64_t next_send_id_ = 1;
-  std::size_t unexpected_bytes_ = 0;
+  chorus::detail::ByteGauge unexpected_bytes_;  ///< eager messages waiting for their receives
   bool writing_ = false;
   bool write_posted_ = false;                  ///< a write_next is posted
   std::vector<asio::const_buffer> batch_;      ///< the frames of the write in flight

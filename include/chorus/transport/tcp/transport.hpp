@@ -103,6 +103,14 @@ class Transport {
     return *engine_->links[static_cast<std::size_t>(peer)];
   }
 
+  /// Bytes the links hold (see Link::memory_bytes()).
+  std::size_t memory_bytes() const {
+    std::size_t b = sizeof(*this);
+    for (const auto& l : engine_->links)
+      if (l) b += l->memory_bytes();
+    return b;
+  }
+
   /// Fails every link with why's code (peer_failure for a user abort, mismatch when a collective
   /// mismatch is being spread).
   /// A mismatch is told to every rank by the communicator itself, so for it the connections stay
