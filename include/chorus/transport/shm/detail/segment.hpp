@@ -199,7 +199,8 @@ class RingReader {
     for (;;) {
       const std::uint64_t tail = c_->tail.load(std::memory_order_acquire);
       if (tail == head_) return nullptr;
-      if (tail - head_ > cap || (tail - head_) % kRecordAlign != 0) {
+      // head_ too: its first value comes from the segment, which the peer may have written.
+      if (tail - head_ > cap || (tail - head_) % kRecordAlign != 0 || head_ % kRecordAlign != 0) {
         bad = "ring counters out of range";
         return nullptr;
       }
