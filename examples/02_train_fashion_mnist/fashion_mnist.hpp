@@ -53,19 +53,19 @@ class GzFile {
 
   /// Reads exactly n bytes; throws naming `what` when the file ends early or is corrupt.
   void read(void* out, std::size_t n, const std::string& what) {
-    auto* p = static_cast<unsigned char*>(out);
-    std::size_t done = 0;
-    while (done < n) {
-      const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(n - done, 1u << 30));
-      const int k = gzread(f_, p + done, chunk);
-      if (k < 0) throw DatasetError(path_ + ": " + what + ": " + error_text());
-      if (k == 0) {
-        int code = 0;
-        gzerror(f_, &code);
-        throw DatasetError(path_ + ": truncated: " + what + " needs " + std::to_string(n) + " bytes, the file ends after " +
-                           std::to_string(done) + (code != Z_OK ? " (" + error_text() + ")" : std::string()));
-      }
-      done += static_cast<std::size_t>(k);
+    if (const std::size_t got = read_some(static_cast<unsigned char*>(out), n, what); got < n) truncated(what, n, got);
+  }
+  /// The same into `out` (resized to n), which grows as the data arrives (1 MiB at a time): a
+  /// header that announces more than the file holds fails where the file ends, without first
+  /// allocating what it announced.
+  void read(std::vector<std::uint8_t>& out, std::size_t n, const std::string& what) {
+    constexpr std::size_t kStep = std::size_t{1} << 20;
+    out.clear();
+    while (out.size() < n) {
+      const std::size_t done = out.size();
+      out.resize(done + std::min(n - done, kStep));
+      const std::size_t want = out.size() - done;
+      if (const std::size_t got = read_some(out.data() + done, want, what); got < want) truncated(what, n, done + got);
     }
   }
   std::uint32_t read_be32(const std::string& what) {
@@ -82,6 +82,24 @@ class GzFile {
   }
 
  private:
+  /// Reads up to n bytes, fewer only where the file ends; throws on a read or zlib error.
+  std::size_t read_some(unsigned char* p, std::size_t n, const std::string& what) {
+    std::size_t done = 0;
+    while (done < n) {
+      const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(n - done, 1u << 30));
+      const int k = gzread(f_, p + done, chunk);
+      if (k < 0) throw DatasetError(path_ + ": " + what + ": " + error_text());
+      if (k == 0) break;
+      done += static_cast<std::size_t>(k);
+    }
+    return done;
+  }
+  [[noreturn]] void truncated(const std::string& what, std::size_t n, std::size_t done) {
+    int code = 0;
+    gzerror(f_, &code);
+    throw DatasetError(path_ + ": truncated: " + what + " needs " + std::to_string(n) + " bytes, the file ends after " +
+                       std::to_string(done) + (code != Z_OK ? " (" + error_text() + ")" : std::string()));
+  }
   std::string error_text() {
     int code = 0;
     const char* msg = gzerror(f_, &code);
@@ -109,8 +127,7 @@ inline Dataset load_idx(const std::string& images_path, const std::string& label
       throw DatasetError(images_path + ": malformed: image size " + std::to_string(d.rows) + "x" + std::to_string(d.cols));
     if (d.count > (std::size_t{1} << 34) / d.pixels_per_image())
       throw DatasetError(images_path + ": malformed: " + std::to_string(d.count) + " images is implausibly many");
-    d.pixels.resize(d.count * d.pixels_per_image());
-    f.read(d.pixels.data(), d.pixels.size(), std::to_string(d.count) + " images");
+    f.read(d.pixels, d.count * d.pixels_per_image(), std::to_string(d.count) + " images");
     f.expect_end();
   }
   {
@@ -123,8 +140,7 @@ inline Dataset load_idx(const std::string& images_path, const std::string& label
     if (n != d.count)
       throw DatasetError(labels_path + ": " + std::to_string(n) + " labels for " + std::to_string(d.count) + " images in " +
                          images_path);
-    d.labels.resize(n);
-    f.read(d.labels.data(), n, std::to_string(n) + " labels");
+    f.read(d.labels, n, std::to_string(n) + " labels");
     f.expect_end();
     for (std::size_t i = 0; i < n; ++i)
       if (d.labels[i] >= kClasses)

@@ -82,6 +82,17 @@ struct Stamp {
 };
 static_assert(sizeof(Stamp) == 40);
 
+/// The stamp at the front of `n` bytes from a peer, if they hold one. Any 32 bytes after the
+/// magic are a descriptor: its enumerations have fixed underlying types, and describe() names
+/// values outside them "unknown".
+inline std::optional<CollectiveDesc> read_stamp(const std::byte* head, std::size_t n) {
+  Stamp s;
+  if (n < sizeof s) return std::nullopt;
+  std::memcpy(&s, head, sizeof s);
+  if (s.magic != DescriptorPolicy::kMagic) return std::nullopt;
+  return s.desc;
+}
+
 /// A message in flight, as a Channel hands it to an algorithm.
 struct ChannelOp {
   Request req;
@@ -337,15 +348,6 @@ class Channel {
     if (lanes & bit) return false;
     lanes |= bit;
     return true;
-  }
-
-  /// The stamp at the front of `n` bytes, if they hold one.
-  static std::optional<CollectiveDesc> read_stamp(const std::byte* head, std::size_t n) {
-    Stamp s;
-    if (n < sizeof s) return std::nullopt;
-    std::memcpy(&s, head, sizeof s);
-    if (s.magic != DescriptorPolicy::kMagic) return std::nullopt;
-    return s.desc;
   }
 
   int stage(std::size_t bytes) {

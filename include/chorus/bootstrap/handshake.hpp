@@ -73,6 +73,7 @@ struct Hello {
   std::uint8_t kind = 0;
   JobNonce nonce{};
   std::int32_t rank = -1, peer = -1, world = -1;
+  friend bool operator==(const Hello&, const Hello&) = default;
 };
 
 /// REPLY/FINAL status byte.
@@ -172,6 +173,71 @@ inline Hello decode_hello(const std::array<std::uint8_t, kHelloBytes>& b) {
   return h;
 }
 
+inline ErrorCode refusal_code(HandshakeStatus s) {
+  return (s == HandshakeStatus::auth_failed || s == HandshakeStatus::wrong_kind) ? ErrorCode::invalid_argument
+                                                                                 : ErrorCode::peer_failure;
+}
+
+/// What a server makes of a client's HELLO, before its accept_hello callback is asked.
+struct HelloVerdict {
+  Hello hello;                                   ///< the fields, as decoded (also when refused)
+  HandshakeStatus refusal = HandshakeStatus::ok;  ///< ok: go on with the handshake
+  std::string why;                               ///< what is wrong, when refused
+};
+
+/// Checks a HELLO from the network (magic, version, kind, token flag), no callback involved.
+inline HelloVerdict check_hello(const std::array<std::uint8_t, kHelloBytes>& b, std::uint8_t expected_kind,
+                                bool have_token) {
+  HelloVerdict v;
+  if (std::memcmp(b.data(), kHandshakeMagic.data(), 4) != 0) {
+    v.refusal = HandshakeStatus::bad_protocol;
+    v.why = "bad magic (not a chorus client)";
+    return v;
+  }
+  v.hello = decode_hello(b);
+  const bool client_token = (b[7] & kFlagToken) != 0;
+  if (get_u16(b.data() + 4) != kHandshakeVersion) {
+    v.refusal = HandshakeStatus::bad_protocol;
+    v.why = "protocol version " + std::to_string(get_u16(b.data() + 4)) + ", expected 1";
+  } else if (v.hello.kind != expected_kind) {
+    v.refusal = HandshakeStatus::wrong_kind;
+    v.why = "a " + kind_name(v.hello.kind) + " connection on a " + kind_name(expected_kind) + " endpoint";
+  } else if (client_token != have_token) {
+    v.refusal = HandshakeStatus::auth_failed;
+    v.why = have_token ? "the client has no job token but this endpoint requires one"
+                       : "the client has a job token but this endpoint has none";
+  }
+  return v;
+}
+
+/// What a client takes from a REPLY that said ok.
+struct ReplyInfo {
+  bool server_token = false;
+  std::array<std::uint8_t, 16> challenge{};  ///< the server's challenge sc
+};
+
+/// Checks a REPLY from the network: throws HandshakeRefused for another protocol or a refusal.
+inline ReplyInfo check_reply(const std::array<std::uint8_t, kReplyBytes>& reply, const ErrorContext& ctx) {
+  if (std::memcmp(reply.data(), kHandshakeMagic.data(), 4) != 0 || get_u16(reply.data() + 4) != kHandshakeVersion)
+    throw HandshakeRefused(ErrorCode::peer_failure, ctx, "the server is not a chorus endpoint of protocol version 1",
+                           HandshakeStatus::bad_protocol);
+  const auto status = static_cast<HandshakeStatus>(reply[6]);
+  if (status != HandshakeStatus::ok)
+    throw HandshakeRefused(refusal_code(status), ctx, "refused by the server: " + std::string(to_string(status)),
+                           status);
+  ReplyInfo r;
+  r.server_token = (reply[7] & kFlagToken) != 0;
+  std::memcpy(r.challenge.data(), reply.data() + 8, 16);
+  return r;
+}
+
+/// Checks the FINAL status byte: throws HandshakeRefused unless it is ok.
+inline void check_final(std::uint8_t final_status, const ErrorContext& ctx) {
+  const auto fs = static_cast<HandshakeStatus>(final_status);
+  if (fs != HandshakeStatus::ok)
+    throw HandshakeRefused(refusal_code(fs), ctx, "refused by the server: " + std::string(to_string(fs)), fs);
+}
+
 /// HMAC(token, label || first || second || hello).
 inline Sha256Digest handshake_proof(std::string_view token, std::string_view label,
                                     const std::array<std::uint8_t, 16>& first,
@@ -208,11 +274,6 @@ inline std::string endpoint_text(const asio_tcp::socket& s) {
   std::string a = ep.address().to_string();
   if (ep.address().is_v6()) a = "[" + a + "]";
   return a + ":" + std::to_string(ep.port());
-}
-
-inline ErrorCode refusal_code(HandshakeStatus s) {
-  return (s == HandshakeStatus::auth_failed || s == HandshakeStatus::wrong_kind) ? ErrorCode::invalid_argument
-                                                                                 : ErrorCode::peer_failure;
 }
 
 /// REPLY with a non-zero status, best effort (the client may already be gone).
@@ -266,16 +327,9 @@ inline detail::asio::awaitable<void> handshake_connect(detail::asio_tcp::socket&
 
   std::array<std::uint8_t, kReplyBytes> reply{};
   co_await read_exact(socket, reply, ctx, "reading the reply (the server closed the connection?)");
-  if (std::memcmp(reply.data(), kHandshakeMagic.data(), 4) != 0 || get_u16(reply.data() + 4) != kHandshakeVersion)
-    throw HandshakeRefused(ErrorCode::peer_failure, ctx, "the server is not a chorus endpoint of protocol version 1",
-                           HandshakeStatus::bad_protocol);
-  const auto status = static_cast<HandshakeStatus>(reply[6]);
-  if (status != HandshakeStatus::ok)
-    throw HandshakeRefused(refusal_code(status), ctx, "refused by the server: " + std::string(to_string(status)),
-                           status);
-  const bool server_token = (reply[7] & kFlagToken) != 0;
-  std::array<std::uint8_t, 16> sc{};
-  std::memcpy(sc.data(), reply.data() + 8, 16);
+  const ReplyInfo info = check_reply(reply, ctx);
+  const bool server_token = info.server_token;
+  const std::array<std::uint8_t, 16>& sc = info.challenge;
 
   // Decide before proving anything: a client that refuses sends a zero proof, so a server that
   // lacks the token learns nothing it could reuse.
@@ -295,9 +349,7 @@ inline detail::asio::awaitable<void> handshake_connect(detail::asio_tcp::socket&
 
   std::array<std::uint8_t, 1> final_status{};
   co_await read_exact(socket, final_status, ctx, "reading the final status");
-  const auto fs = static_cast<HandshakeStatus>(final_status[0]);
-  if (fs != HandshakeStatus::ok)
-    throw HandshakeRefused(refusal_code(fs), ctx, "refused by the server: " + std::string(to_string(fs)), fs);
+  check_final(final_status[0], ctx);
 }
 
 /// Server side. Reads HELLO; refuses (sends a non-zero status, then throws HandshakeRefused) on
@@ -322,21 +374,13 @@ inline detail::asio::awaitable<Hello> handshake_accept(detail::asio_tcp::socket&
     why = "bad magic (not a chorus client)";
   } else {
     co_await read_exact(socket, std::span(hello.data() + 4, kHelloBytes - 4), ctx, "reading hello");
-    theirs = decode_hello(hello);
+    HelloVerdict v = check_hello(hello, expected_kind, have_token);
+    theirs = v.hello;
     ctx.rank = theirs.peer;
     ctx.peer = theirs.rank;
-    const bool client_token = (hello[7] & kFlagToken) != 0;
-    if (get_u16(hello.data() + 4) != kHandshakeVersion) {
-      refusal = HandshakeStatus::bad_protocol;
-      why = "protocol version " + std::to_string(get_u16(hello.data() + 4)) + ", expected 1";
-    } else if (theirs.kind != expected_kind) {
-      refusal = HandshakeStatus::wrong_kind;
-      why = "a " + kind_name(theirs.kind) + " connection on a " + kind_name(expected_kind) + " endpoint";
-    } else if (client_token != have_token) {
-      refusal = HandshakeStatus::auth_failed;
-      why = have_token ? "the client has no job token but this endpoint requires one"
-                       : "the client has a job token but this endpoint has none";
-    } else if (accept_hello && !accept_hello(theirs)) {
+    refusal = v.refusal;
+    why = std::move(v.why);
+    if (refusal == HandshakeStatus::ok && accept_hello && !accept_hello(theirs)) {
       refusal = HandshakeStatus::rejected;
       why = "hello not accepted (job nonce, rank " + std::to_string(theirs.rank) + ", world " +
             std::to_string(theirs.world) + ")";

@@ -108,6 +108,112 @@ inline std::vector<std::uint8_t> encode_store_request(StoreOp op, const std::vec
   return b;
 }
 
+// ---- Decoding what the network sends. Everything below checks every field before using it and
+// reports a malformed frame as a chorus::Error (the connection is then dropped: after a bad length
+// the stream cannot be resynchronised). The server and the client read frames piece by piece
+// from their sockets with these functions; decode_store_request reads a whole frame from memory
+// with the same ones (for tests and fuzz/fuzz_store_request.cpp).
+
+/// The fixed part of a request: what follows it is nkeys times (klen, key), then vlen value bytes.
+struct StoreRequestHeader {
+  StoreOp op{};
+  std::uint32_t nkeys = 0;
+  std::uint64_t arg = 0;
+  std::uint64_t vlen = 0;
+};
+
+/// A whole request, as the server executes it.
+struct StoreRequest {
+  StoreOp op{};
+  std::uint64_t arg = 0;
+  std::vector<std::string> keys;
+  std::string value;
+  friend bool operator==(const StoreRequest&, const StoreRequest&) = default;
+};
+
+/// Checks a request header from a client: a known op, the key count and value length it allows.
+inline StoreRequestHeader decode_store_request_header(std::span<const std::uint8_t, kStoreRequestHeader> b) {
+  const std::uint8_t op = b[0];
+  if (op < 1 || op > 5) throw Error(ErrorCode::invalid_argument, "unknown request type " + std::to_string(op));
+  StoreRequestHeader h;
+  h.op = static_cast<StoreOp>(op);
+  h.nkeys = get_u32(b.data() + 1);
+  h.arg = get_u64(b.data() + 5);
+  h.vlen = get_u64(b.data() + 13);
+  const bool multi = h.op == StoreOp::wait || h.op == StoreOp::check;
+  if (multi ? h.nkeys > kStoreMaxKeys : h.nkeys != 1)
+    throw Error(ErrorCode::invalid_argument,
+                "bad key count " + std::to_string(h.nkeys) + " for " + store_op_name(h.op));
+  if (h.vlen > kStoreMaxValueBytes || (h.op != StoreOp::set && h.vlen != 0))
+    throw Error(ErrorCode::invalid_argument, "bad value length " + std::to_string(h.vlen));
+  return h;
+}
+
+/// Checks the length that precedes each key of a request.
+inline std::uint32_t decode_store_key_length(std::span<const std::uint8_t, 4> b) {
+  const std::uint32_t klen = get_u32(b.data());
+  if (klen > kStoreMaxKeyBytes)
+    throw Error(ErrorCode::invalid_argument, "key length " + std::to_string(klen) + " over the limit");
+  return klen;
+}
+
+/// A whole request frame in memory; throws when it is malformed, cut short or followed by more.
+inline StoreRequest decode_store_request(std::span<const std::uint8_t> frame) {
+  std::size_t off = 0;
+  auto take = [&](std::size_t n) {
+    if (frame.size() - off < n) throw Error(ErrorCode::invalid_argument, "request cut short");
+    const auto piece = frame.subspan(off, n);
+    off += n;
+    return piece;
+  };
+  const auto h = decode_store_request_header(take(kStoreRequestHeader).first<kStoreRequestHeader>());
+  StoreRequest req{h.op, h.arg, {}, {}};
+  for (std::uint32_t i = 0; i < h.nkeys; ++i) {
+    const auto key = take(decode_store_key_length(take(4).first<4>()));
+    req.keys.emplace_back(key.begin(), key.end());
+  }
+  const auto value = take(h.vlen);
+  req.value.assign(value.begin(), value.end());
+  if (off != frame.size()) throw Error(ErrorCode::invalid_argument, "bytes after the end of the request");
+  return req;
+}
+
+/// A reply: status (u8), payload length (u64), payload.
+inline std::vector<std::uint8_t> encode_store_response(StoreStatus status, const std::string& payload) {
+  std::vector<std::uint8_t> out(kStoreResponseHeader + payload.size());
+  out[0] = static_cast<std::uint8_t>(status);
+  put_u64(out.data() + 1, payload.size());
+  if (!payload.empty()) std::memcpy(out.data() + kStoreResponseHeader, payload.data(), payload.size());
+  return out;
+}
+
+/// The fixed part of a reply.
+struct StoreResponseHeader {
+  StoreStatus status = StoreStatus::ok;
+  std::uint64_t len = 0;  ///< payload bytes that follow
+};
+
+/// Checks a reply header from the server: a known status, a payload no longer than any reply.
+inline StoreResponseHeader decode_store_response_header(std::span<const std::uint8_t, kStoreResponseHeader> b,
+                                                        const ErrorContext& ctx) {
+  if (b[0] > 2) throw Error(ErrorCode::peer_failure, ctx, "malformed response from the store");
+  StoreResponseHeader h{static_cast<StoreStatus>(b[0]), get_u64(b.data() + 1)};
+  if (h.len > kStoreMaxValueBytes + 65536) throw Error(ErrorCode::peer_failure, ctx, "oversized response from the store");
+  return h;
+}
+
+/// The payload of an ok reply to add: the new value.
+inline std::int64_t decode_store_add_reply(const std::string& payload, const ErrorContext& ctx) {
+  if (payload.size() != 8) throw Error(ErrorCode::peer_failure, ctx, "malformed add response");
+  return static_cast<std::int64_t>(get_u64(reinterpret_cast<const std::uint8_t*>(payload.data())));
+}
+
+/// The payload of an ok reply to check: whether every key is set.
+inline bool decode_store_check_reply(const std::string& payload, const ErrorContext& ctx) {
+  if (payload.size() != 1) throw Error(ErrorCode::peer_failure, ctx, "malformed check response");
+  return payload[0] != 0;
+}
+
 /// Host text to endpoints: an IP literal (IPv6 with or without brackets) or a name to resolve.
 inline std::vector<asio_tcp::endpoint> resolve_endpoints(std::string host, std::uint16_t port) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
@@ -269,13 +375,13 @@ class TcpStoreServer {
       if (!stopping_) log(LogLevel::info, -1, "TcpStore server: client ", from, " left (", ec.message(), ")");
       co_return false;
     }
-    Request req;
+    StoreRequest req;
     bool dog_fired = false;
     std::string bad;
     {
       SocketWatchdog dog(s, timeout_);  // the rest of the frame must follow promptly
       try {
-        bad = co_await read_request(s, hdr, req);
+        co_await read_request(s, hdr, req);
       } catch (const std::exception& e) {
         bad = e.what();
       }
@@ -288,10 +394,7 @@ class TcpStoreServer {
     }
     Response resp;
     if (!co_await handle(s, req, resp)) co_return false;  // stopping, or the client left
-    std::vector<std::uint8_t> out(kStoreResponseHeader + resp.payload.size());
-    out[0] = static_cast<std::uint8_t>(resp.status);
-    put_u64(out.data() + 1, resp.payload.size());
-    if (!resp.payload.empty()) std::memcpy(out.data() + kStoreResponseHeader, resp.payload.data(), resp.payload.size());
+    const std::vector<std::uint8_t> out = encode_store_response(resp.status, resp.payload);
     {
       SocketWatchdog dog(s, timeout_);  // a client that stops reading cannot pin us
       co_await asio::async_write(s, asio::buffer(out), asio::redirect_error(asio::use_awaitable, ec));
@@ -303,53 +406,36 @@ class TcpStoreServer {
     co_return true;
   }
 
-  struct Request {
-    StoreOp op{};
-    std::uint64_t arg = 0;
-    std::vector<std::string> keys;
-    std::string value;
-  };
   struct Response {
     StoreStatus status = StoreStatus::ok;
     std::string payload;
   };
 
-  /// Reads the rest of a request whose first byte is in hdr[0]. Returns "" or what is wrong
-  /// (the connection is then dropped: after a bad length the stream cannot be resynchronised).
-  asio::awaitable<std::string> read_request(asio_tcp::socket& s, std::array<std::uint8_t, kStoreRequestHeader>& hdr,
-                                            Request& req) {
+  /// Reads the rest of a request whose first byte is in hdr[0]; throws what is wrong with it.
+  asio::awaitable<void> read_request(asio_tcp::socket& s, std::array<std::uint8_t, kStoreRequestHeader>& hdr,
+                                     StoreRequest& req) {
     const ErrorContext ctx{-1, -1, "TcpStore server"};
     co_await read_exact(s, std::span(hdr.data() + 1, kStoreRequestHeader - 1), ctx, "reading request");
-    const std::uint8_t op = hdr[0];
-    if (op < 1 || op > 5) co_return "unknown request type " + std::to_string(op);
-    req.op = static_cast<StoreOp>(op);
-    const std::uint32_t nkeys = get_u32(hdr.data() + 1);
-    req.arg = get_u64(hdr.data() + 5);
-    const std::uint64_t vlen = get_u64(hdr.data() + 13);
-    const bool multi = req.op == StoreOp::wait || req.op == StoreOp::check;
-    if (multi ? nkeys > kStoreMaxKeys : nkeys != 1)
-      co_return std::string("bad key count ") + std::to_string(nkeys) + " for " + store_op_name(req.op);
-    if (vlen > kStoreMaxValueBytes || (req.op != StoreOp::set && vlen != 0))
-      co_return "bad value length " + std::to_string(vlen);
-    req.keys.resize(nkeys);
+    const StoreRequestHeader h = decode_store_request_header(hdr);
+    req.op = h.op;
+    req.arg = h.arg;
+    req.keys.resize(h.nkeys);
     for (auto& k : req.keys) {
       std::array<std::uint8_t, 4> kl{};
       co_await read_exact(s, kl, ctx, "reading request");
-      const std::uint32_t klen = get_u32(kl.data());
-      if (klen > kStoreMaxKeyBytes) co_return "key length " + std::to_string(klen) + " over the limit";
+      const std::uint32_t klen = decode_store_key_length(kl);
       k.resize(klen);
       if (klen)
         co_await read_exact(s, std::span(reinterpret_cast<std::uint8_t*>(k.data()), klen), ctx, "reading request");
     }
-    req.value.resize(vlen);
-    if (vlen)
-      co_await read_exact(s, std::span(reinterpret_cast<std::uint8_t*>(req.value.data()), vlen), ctx,
+    req.value.resize(h.vlen);
+    if (h.vlen)
+      co_await read_exact(s, std::span(reinterpret_cast<std::uint8_t*>(req.value.data()), h.vlen), ctx,
                           "reading request");
-    co_return std::string();
   }
 
   /// Executes a request; false when there is no one to reply to (stopping, or the client left).
-  asio::awaitable<bool> handle(asio_tcp::socket& s, const Request& req, Response& resp) {
+  asio::awaitable<bool> handle(asio_tcp::socket& s, const StoreRequest& req, Response& resp) {
     switch (req.op) {
       case StoreOp::set:
         data_[req.keys[0]] = req.value;
@@ -531,8 +617,7 @@ class TcpStoreClient {
     auto r = request(encode_store_request(StoreOp::add, {key}, static_cast<std::uint64_t>(delta), {}),
                      Clock::now() + timeout_, ctx);
     expect_ok(r, ctx);
-    if (r.payload.size() != 8) throw Error(ErrorCode::peer_failure, ctx, "malformed add response");
-    return static_cast<std::int64_t>(get_u64(reinterpret_cast<const std::uint8_t*>(r.payload.data())));
+    return decode_store_add_reply(r.payload, ctx);
   }
 
   bool check(const std::vector<std::string>& keys) {
@@ -540,8 +625,7 @@ class TcpStoreClient {
     check_keys(keys, ctx);
     auto r = request(encode_store_request(StoreOp::check, keys, 0, {}), Clock::now() + timeout_, ctx);
     expect_ok(r, ctx);
-    if (r.payload.size() != 1) throw Error(ErrorCode::peer_failure, ctx, "malformed check response");
-    return r.payload[0] != 0;
+    return decode_store_check_reply(r.payload, ctx);
   }
 
  private:
@@ -595,14 +679,12 @@ class TcpStoreClient {
     co_await write_all(socket_, frame, ctx, "sending the request (store server gone?)");
     std::array<std::uint8_t, kStoreResponseHeader> hdr{};
     co_await read_exact(socket_, hdr, ctx, "reading the response (store server gone?)");
+    const StoreResponseHeader h = decode_store_response_header(hdr, ctx);
     Response r;
-    if (hdr[0] > 2) throw Error(ErrorCode::peer_failure, ctx, "malformed response from the store");
-    r.status = static_cast<StoreStatus>(hdr[0]);
-    const std::uint64_t len = get_u64(hdr.data() + 1);
-    if (len > kStoreMaxValueBytes + 65536) throw Error(ErrorCode::peer_failure, ctx, "oversized response from the store");
-    r.payload.resize(len);
-    if (len)
-      co_await read_exact(socket_, std::span(reinterpret_cast<std::uint8_t*>(r.payload.data()), len), ctx,
+    r.status = h.status;
+    r.payload.resize(h.len);
+    if (h.len)
+      co_await read_exact(socket_, std::span(reinterpret_cast<std::uint8_t*>(r.payload.data()), h.len), ctx,
                           "reading the response (store server gone?)");
     co_return r;
   }

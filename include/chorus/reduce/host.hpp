@@ -48,6 +48,7 @@
 #include "chorus/reduce/ops.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define CHORUS_DETAIL_HOST_X86_NARROW 1
 #else
@@ -263,10 +264,14 @@ template <class T>
 #if CHORUS_DETAIL_HOST_X86_NARROW
 /// Whether the CPU has AVX2 and F16C (checked once). The default build targets plain x86-64, so
 /// the float16/bfloat16 loops for these CPUs are compiled apart (gnu::target) and picked here.
+/// F16C is read from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know
+/// "f16c".
 inline bool cpu_has_avx2_f16c() noexcept {
   static const bool kHas = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && f16c;
   }();
   return kHas;
 }

@@ -444,12 +444,12 @@ class Link {
   /// Handles one record; false when it must stay in the ring (paused) or the link broke.
   bool on_record(const detail::Record& h, detail::Completions& done) {
     using detail::RecordType;
+    if (std::string bad = detail::record_problem(h); !bad.empty()) {
+      protocol_error(bad, done);
+      return false;
+    }
     switch (static_cast<RecordType>(h.type)) {
       case RecordType::eager: {
-        if (h.payload != h.size || h.size > Policy::kEagerBytes) {
-          protocol_error("eager record of " + std::to_string(h.size) + " bytes", done);
-          return false;
-        }
         const std::byte* src = detail::RingReader::payload(&h);
         if (auto r = matcher_.take_posted(h.tag)) {
           if (r->dst.size != h.size) {
@@ -470,10 +470,6 @@ class Link {
         return true;
       }
       case RecordType::rts: {
-        if (h.size > Policy::kMaxMessageBytes || h.payload != 0) {
-          protocol_error("announcement of a message of " + std::to_string(h.size) + " bytes", done);
-          return false;
-        }
         if (auto r = matcher_.take_posted(h.tag))
           accept_rts(std::move(*r), h.size, h.id, h.addr, done);
         else

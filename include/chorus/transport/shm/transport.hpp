@@ -409,8 +409,7 @@ inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peer
                   "no answer to the shm hello (the peer refused it or exited)");
     }
     detail::Fd segfd(seg);
-    if (theirs.magic != detail::kShmMagic || theirs.version != detail::kShmVersion || theirs.nonce != b.nonce ||
-        theirs.rank != p || theirs.peer != rank_ || theirs.world != size_ || theirs.status != 0 || !segfd)
+    if (!detail::hello_matches(theirs, b.nonce, p, rank_, size_) || theirs.status != 0 || !segfd)
       throw Error(ErrorCode::peer_failure, pctx, "bad shm hello reply");
     detail::Mapping map(segfd.get(), pctx);
     segfd.reset();
@@ -445,13 +444,11 @@ inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peer
       refuse("no hello");
       continue;
     }
-    if (h.magic != detail::kShmMagic || h.version != detail::kShmVersion || h.nonce != b.nonce || h.world != size_ ||
-        h.peer != rank_ || h.rank <= rank_ || h.rank >= size_ || !peers[static_cast<std::size_t>(h.rank)] ||
-        connected[static_cast<std::size_t>(h.rank)]) {
+    const int p = detail::accepted_hello_rank(h, b.nonce, rank_, size_, peers, connected);
+    if (p < 0) {
       refuse("its hello does not belong to this job and rank");
       continue;
     }
-    const int p = h.rank;
     const ErrorContext pctx{rank_, p, "shm connect"};
     detail::Fd segfd(::memfd_create("chorus-shm-link", MFD_CLOEXEC));
     if (!segfd) detail::throw_errno(pctx, "memfd_create");

@@ -70,6 +70,23 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 32);
 
+/// What can be checked of a header from the network without the link's state (the ids of cts
+/// and data frames are checked against it by the link): a known type, and a size the type
+/// allows. Empty when the header is fine, else what is wrong (the link then breaks).
+inline std::string frame_header_problem(const FrameHeader& h) {
+  switch (static_cast<FrameType>(h.type)) {
+    case FrameType::eager:
+      if (h.size > Policy::kEagerBytes) return "eager frame of " + std::to_string(h.size) + " bytes";
+      return {};
+    case FrameType::rts:
+      if (h.size > Policy::kMaxMessageBytes) return "message of " + std::to_string(h.size) + " bytes";
+      return {};
+    case FrameType::cts:
+    case FrameType::data: return {};
+  }
+  return "unknown frame type " + std::to_string(h.type);
+}
+
 using chorus::detail::EagerArrival;
 using chorus::detail::RecvOp;
 struct RtsArrival {
@@ -369,9 +386,9 @@ class Link {
 
   void on_header() {
     const auto h = in_;
+    if (std::string bad = detail::frame_header_problem(h); !bad.empty()) return protocol_error(bad);
     switch (static_cast<detail::FrameType>(h.type)) {
       case detail::FrameType::eager: {
-        if (h.size > Policy::kEagerBytes) return protocol_error("eager frame of " + std::to_string(h.size) + " bytes");
         if (auto r = matcher_.take_posted(h.tag)) {
           if (r->dst.size != h.size) {
             scratch_.resize(h.size);
@@ -399,7 +416,6 @@ class Link {
         });
       }
       case detail::FrameType::rts: {
-        if (h.size > Policy::kMaxMessageBytes) return protocol_error("message of " + std::to_string(h.size) + " bytes");
         if (auto r = matcher_.take_posted(h.tag))
           accept_rts(std::move(*r), h.size, h.id);
         else
@@ -428,7 +444,6 @@ class Link {
         return read_payload(dst, [r = std::move(r), size = h.size] { r.req->complete(size); }, std::move(req));
       }
     }
-    protocol_error("unknown frame type " + std::to_string(h.type));
   }
 
   /// Reads exactly dst.size bytes, runs `done`, then goes on with the next header (unless paused).

@@ -100,6 +100,28 @@ struct Record {
 };
 static_assert(sizeof(Record) == 56);
 
+/// What can be checked of a record from the peer without the link's state (the ids of fin, cts
+/// and data records are checked against it by the link): a type the link handles, and sizes
+/// the type allows. Empty when the record is fine, else what is wrong (the link then breaks).
+/// A pad record is never handed on (RingReader::peek skips it), so it counts as unknown here.
+inline std::string record_problem(const Record& h) {
+  switch (static_cast<RecordType>(h.type)) {
+    case RecordType::eager:
+      if (h.payload != h.size || h.size > Policy::kEagerBytes)
+        return "eager record of " + std::to_string(h.size) + " bytes";
+      return {};
+    case RecordType::rts:
+      if (h.size > Policy::kMaxMessageBytes || h.payload != 0)
+        return "announcement of a message of " + std::to_string(h.size) + " bytes";
+      return {};
+    case RecordType::fin:
+    case RecordType::cts:
+    case RecordType::data: return {};
+    case RecordType::pad: break;
+  }
+  return "unknown record type " + std::to_string(h.type);
+}
+
 inline constexpr std::size_t kRecordAlign = 64;
 inline constexpr std::size_t record_bytes(std::size_t payload) {
   return (sizeof(Record) + payload + kRecordAlign - 1) / kRecordAlign * kRecordAlign;
@@ -177,7 +199,8 @@ class RingReader {
     for (;;) {
       const std::uint64_t tail = c_->tail.load(std::memory_order_acquire);
       if (tail == head_) return nullptr;
-      if (tail - head_ > cap || (tail - head_) % kRecordAlign != 0) {
+      // head_ too: its first value comes from the segment, which the peer may have written.
+      if (tail - head_ > cap || (tail - head_) % kRecordAlign != 0 || head_ % kRecordAlign != 0) {
         bad = "ring counters out of range";
         return nullptr;
       }

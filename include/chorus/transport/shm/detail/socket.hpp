@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -174,6 +176,25 @@ struct ShmHello {
   std::uint64_t pid = 0;
   std::uint64_t probe_addr = 0;  ///< address of kCmaProbe in the sender, to test CMA with
 };
+static_assert(sizeof(ShmHello) == 56 && std::is_trivially_copyable_v<ShmHello>, "sent as raw bytes, no padding");
+
+/// Whether a hello from the network is from this job (magic, version, nonce) and says it is from
+/// rank `from` to rank `to` in a world of `world` ranks.
+inline bool hello_matches(const ShmHello& h, const JobNonce& nonce, int from, int to, int world) {
+  return h.magic == kShmMagic && h.version == kShmVersion && h.nonce == nonce && h.rank == from && h.peer == to &&
+         h.world == world;
+}
+
+/// The rank whose connection `rank` may accept now, given that hello: a higher rank of this job
+/// that it expects (`expected`) and has not connected yet (`connected`; both of world size), or
+/// -1 when the hello belongs to no such rank.
+inline int accepted_hello_rank(const ShmHello& h, const JobNonce& nonce, int rank, int world,
+                               const std::vector<bool>& expected, const std::vector<bool>& connected) {
+  if (h.rank <= rank || h.rank >= world || !hello_matches(h, nonce, h.rank, rank, world)) return -1;
+  const auto p = static_cast<std::size_t>(h.rank);
+  if (p >= expected.size() || p >= connected.size() || !expected[p] || connected[p]) return -1;
+  return h.rank;
+}
 
 /// A word every process has at a known address: a peer reads it with process_vm_readv to learn
 /// whether cross-memory attach works between the two.
