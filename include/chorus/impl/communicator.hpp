@@ -254,10 +254,24 @@ struct Communicator<T>::State {
     const std::uint64_t first = history_count > kHistory ? history_count - kHistory : 0;
     for (std::uint64_t k = first; k < history_count; ++k)
       blob.append(reinterpret_cast<const char*>(&history[k % kHistory]), sizeof(algo::CollectiveDesc));
-    boot.store->set(history_key(group.rank), blob);
+    // A stall may be the store's host gone too: each call is bounded by a few seconds, and a
+    // store that does not answer only means no cross-check; the links then name the lost peer.
+    const auto bound = std::min<std::chrono::milliseconds>(boot.options.timeout, std::chrono::seconds(3));
+    std::vector<std::string> published(static_cast<std::size_t>(group.size()));
+    try {
+      boot.store->set_within(history_key(group.rank), blob, bound);
+      for (int p = 0; p < group.size(); ++p)
+        if (p != group.rank && boot.store->check_within({history_key(p)}, bound))
+          published[static_cast<std::size_t>(p)] = boot.store->get(history_key(p), bound);
+    } catch (const Error& e) {
+      static std::atomic<bool> told{false};  // once per process: every later stall fails alike
+      if (!told.exchange(true))
+        detail::log(detail::LogLevel::warn, group.rank,
+                    "stall cross-check skipped, store unreachable: ", e.what());
+      return;
+    }
     for (int p = 0; p < group.size(); ++p) {
-      if (p == group.rank || !boot.store->check({history_key(p)})) continue;
-      const std::string theirs = boot.store->get(history_key(p), boot.options.timeout);
+      const std::string& theirs = published[static_cast<std::size_t>(p)];
       for (std::size_t off = 0; off + sizeof(algo::CollectiveDesc) <= theirs.size(); off += sizeof(algo::CollectiveDesc)) {
         algo::CollectiveDesc d;
         std::memcpy(&d, theirs.data() + off, sizeof d);
