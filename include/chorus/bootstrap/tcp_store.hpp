@@ -590,8 +590,10 @@ class TcpStoreClient {
     if (!broken_.empty())
       throw Error(ErrorCode::peer_failure, ctx, "the connection to the store was lost earlier: " + broken_);
     try {
+      const auto allowed = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       return run_with_deadline(
-          io_, exchange(frame, ctx), deadline, [this] { close(); }, ctx, "store request");
+          io_, exchange(frame, ctx), deadline, [this] { close(); }, ctx,
+          "store request, allowed " + std::to_string(allowed.count()) + " ms");
     } catch (const std::exception& e) {  // the stream is mid-frame: unusable from here on
       broken_ = e.what();
       close();
