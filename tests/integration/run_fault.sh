@@ -57,13 +57,14 @@ trap 'exit 1' INT TERM
 
 ip netns add "$ns_a" 2>/dev/null || skip "'ip netns add' failed (no CAP_SYS_ADMIN or no network namespaces here)"
 ip netns add "$ns_b" || { fail "ip netns add $ns_b"; exit 1; }
-ip link add "$veth_a" netns "$ns_a" type veth peer name "$veth_b" netns "$ns_b" || { fail "veth"; exit 1; }
+ip link add "$veth_a" netns "$ns_a" type veth peer name "$veth_b" netns "$ns_b" || skip "cannot create a veth pair"
 ip -n "$ns_a" addr add "$addr_a/24" dev "$veth_a"
 ip -n "$ns_b" addr add "$addr_b/24" dev "$veth_b"
 for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
 ip -n "$ns_a" link set "$veth_a" up
 ip -n "$ns_b" link set "$veth_b" up
-unshare --uts true 2>/dev/null || skip "'unshare --uts' failed"
+unshare --uts --mount --propagation private sh -c 'mount -t tmpfs tmpfs /dev/shm' 2>/dev/null ||
+  skip "'unshare --uts --mount' with a private /dev/shm failed"
 
 workload=mixed
 [[ $scenario == link_cut ]] && workload=allreduce16m
