@@ -457,8 +457,8 @@ TEST_CASE(
         for (;;) co_await ss.async_read_some(asio::buffer(sink), asio::use_awaitable);
       },
       asio::detached);
-  std::thread server([&] { io.run_for(20s); });
   const std::uint16_t port = acc.local_endpoint().port();
+  std::thread server([&] { io.run_for(20s); });
   {
     TcpStore c("127.0.0.1", port, false, 60s);  // the plain calls would wait 60 s
     std::string what;
