@@ -2,7 +2,8 @@
 // two network namespaces). It joins a communicator over chorus::DefaultTransport (shm inside a
 // host, tcp across), runs a loop of collectives whose results it checks, and prints one line that
 // the harness parses when the loop ends:
-//   CHORUS_READY rank=R wall=<epoch s>                      after the first barrier
+//   CHORUS_READY rank=R links=K,K,.. wall=<epoch s>         after the first barrier; K: how it
+//                                                          reaches each rank (self, shm, tcp)
 //   CHORUS_ERROR rank=R code=<ErrorCode> peer=P t=<s since start> wall=<epoch s> iter=N msg=<what()>
 //   CHORUS_WRONG rank=R iter=N msg=...                      a result differed (exit 4)
 //   CHORUS_DONE rank=R iters=N                              the loop ran its time (exit 0)
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -123,7 +125,12 @@ int main(int argc, char** argv) {
     o.store = open_store(rank, master, port_file, o.timeout);
     auto comm = chorus::init(o);
     comm.barrier();
-    std::printf("CHORUS_READY rank=%d wall=%.3f\n", rank, wall());
+    std::string links;
+    for (int p = 0; p < comm.size(); ++p) {
+      if (p > 0) links += ',';
+      links.append(p == rank ? std::string_view("self") : comm.transport().link_kind(p));
+    }
+    std::printf("CHORUS_READY rank=%d links=%s wall=%.3f\n", rank, links.c_str(), wall());
     std::fflush(stdout);
     std::vector<float> big(workload == "allreduce16m" ? (std::size_t(16) << 20) / sizeof(float) : 0);
     while (since_start() < seconds) {

@@ -106,6 +106,12 @@ until (( $(cat "$work"/rank*.out 2>/dev/null | grep -c '^CHORUS_READY') == 4 ));
   sleep 0.1
 done
 echo "scenario $scenario: 4 ranks ready (host-a: 0 1 and the store at $addr_a, host-b: 2 3)"
+# The namespaces look like two hosts to chorus: shm inside each, tcp across.
+want=(self,shm,tcp,tcp shm,self,tcp,tcp tcp,tcp,self,shm tcp,tcp,shm,self)
+for r in 0 1 2 3; do
+  links=$(sed -n 's/^CHORUS_READY .* links=\([a-z,]*\) .*/\1/p' "$work/rank$r.out")
+  [[ $links == "${want[r]}" ]] || fail "rank $r reaches the ranks over $links, expected ${want[r]}"
+done
 
 survivors=(0 1 2 3)
 case $scenario in
