@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Multi-host fault test: two "hosts" (A: ranks 0-1 and the store, B: ranks 2-3), each a network,
 # UTS and mount namespace of its own (own address, host name and /dev/shm), joined by a veth pair.
-# One communicator over chorus's default transport: shm inside a host, tcp across. After every
-# rank has passed its first barrier, one fault is injected:
+# One communicator over chorus's default transport: shm inside a host, tcp across (checked: each
+# rank reports how it reaches every other). After every rank has passed its first barrier, one
+# fault is injected:
 #
 #   link_cut          B's end of the veth is set down while ranks loop 16 MiB all_reduces
 #   kill <seed>       SIGKILL of one random rank after a random delay (0.1-1.6 s), while ranks
