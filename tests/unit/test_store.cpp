@@ -441,6 +441,68 @@ TEST_CASE("TcpStore: server destruction with connected clients; clients then fai
   CHECK(ms_since(t1) < 1000);
 }
 
+TEST_CASE(
+    "TcpStore: set_within and check_within give up at their own bound on a store that does not answer") {
+  // A server that completes the handshake, then reads requests and never answers (a store host
+  // that vanished, as far as the client can tell).
+  asio::io_context io;
+  asio_tcp::acceptor acc(io, asio_tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  asio_tcp::socket ss(io);
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        ss = co_await acc.async_accept(asio::use_awaitable);
+        co_await chorus::handshake_accept(ss, chorus::kHandshakeStore, {}, nullptr);
+        std::array<char, 4096> sink{};
+        for (;;) co_await ss.async_read_some(asio::buffer(sink), asio::use_awaitable);
+      },
+      asio::detached);
+  const std::uint16_t port = acc.local_endpoint().port();
+  std::thread server([&] { io.run_for(20s); });
+  {
+    TcpStore c("127.0.0.1", port, false, 60s);  // the plain calls would wait 60 s
+    std::string what;
+    auto t0 = Clock::now();
+    CHECK(error_code_of([&] { c.set_within("k", "v", 300ms); }, &what) == ErrorCode::timeout);
+    CHECK(ms_since(t0) < 3000);
+    CHECK(what.find("127.0.0.1:" + std::to_string(port)) != std::string::npos);  // names the store
+    t0 = Clock::now();  // the connection is now unusable: later calls fail at once
+    CHECK(error_code_of([&] { (void)c.check_within({"k"}, 300ms); }) == ErrorCode::peer_failure);
+    CHECK(ms_since(t0) < 1000);
+  }
+  io.stop();
+  server.join();
+}
+
+TEST_CASE("socket tuning: defaults, CHORUS_SOCKET_* variables, values that do not parse") {
+  const char* names[] = {"CHORUS_SOCKET_USER_TIMEOUT", "CHORUS_SOCKET_KEEPALIVE_IDLE",
+                         "CHORUS_SOCKET_KEEPALIVE_INTERVAL", "CHORUS_SOCKET_KEEPALIVE_COUNT"};
+  for (const char* n : names) ::unsetenv(n);
+  auto t = chorus::detail::SocketTuning::from_env();
+  CHECK(t.user_timeout == 10s);
+  CHECK(t.keepalive_idle_s == 5);
+  ::setenv("CHORUS_SOCKET_USER_TIMEOUT", "2.5", 1);
+  ::setenv("CHORUS_SOCKET_KEEPALIVE_IDLE", "3", 1);
+  ::setenv("CHORUS_SOCKET_KEEPALIVE_INTERVAL", "2", 1);
+  ::setenv("CHORUS_SOCKET_KEEPALIVE_COUNT", "4", 1);
+  t = chorus::detail::SocketTuning::from_env();
+  CHECK(t.user_timeout == 2500ms);
+  CHECK(t.keepalive_idle_s == 3);
+  CHECK(t.keepalive_interval_s == 2);
+  CHECK(t.keepalive_count == 4);
+  for (const char* n : names) {
+    ::setenv(n, "0x", 1);
+    std::string what;
+    CHECK(error_code_of([] { (void)chorus::detail::SocketTuning::from_env(); }, &what) ==
+          ErrorCode::invalid_argument);
+    CHECK(what.find(n) != std::string::npos);
+    ::unsetenv(n);
+  }
+  ::setenv("CHORUS_SOCKET_KEEPALIVE_COUNT", "128", 1);  // beyond the kernel's limit
+  CHECK(error_code_of([] { (void)chorus::detail::SocketTuning::from_env(); }) == ErrorCode::invalid_argument);
+  ::unsetenv("CHORUS_SOCKET_KEEPALIVE_COUNT");
+}
+
 TEST_CASE("Handshake: tokens, proofs, accept_hello") {
   // One io_context runs both ends.
   struct Result {

@@ -496,7 +496,7 @@ T run_with_deadline(asio::io_context& io, asio::awaitable<T> op, std::chrono::st
     }
   }
   if (expired && (error || !done))
-    throw Error(ErrorCode::timeout, ctx, what + ": did not complete within the timeout (CHORUS_TIMEOUT)");
+    throw Error(ErrorCode::timeout, ctx, what + ": did not complete in time");
   if (error) std::rethrow_exception(error);
   if constexpr (!std::is_void_v<T>) return std::move(*result);
 }

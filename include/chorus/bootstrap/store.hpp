@@ -10,7 +10,13 @@
 /// | wait(keys, t)     | returns when every key is set; timeout error naming the missing keys    |
 /// | add(k, delta)     | atomically adds delta to the integer under k (0 when unset), returns it |
 /// | check(keys)       | true when every key is set, without waiting                             |
-/// Every call is bounded in time; a store whose server is gone raises peer_failure.
+/// | set_within(k,v,t) | set, returning or throwing within about t (failure paths, see below)   |
+/// | check_within(k,t) | check, likewise                                                         |
+/// Every call is bounded in time; a store whose server is gone raises peer_failure. The plain
+/// calls are bounded by the store's own timeout (the job's); the *_within ones, made on a failure
+/// path (a stalled wait's cross-check), by a shorter one of the caller's, so that an unreachable
+/// store cannot hold the caller past what the links would tell it. A store whose calls cannot
+/// block on a remote host keeps the plain call there.
 
 #include <chrono>
 #include <condition_variable>
@@ -34,6 +40,8 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, Duration timeout) = 0;
   virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
   virtual bool check(const std::vector<std::string>& keys) = 0;
+  virtual void set_within(const std::string& key, const std::string& value, Duration) { set(key, value); }
+  virtual bool check_within(const std::vector<std::string>& keys, Duration) { return check(keys); }
 };
 
 /// A view of another store with every key prefixed: sub-communicators and repeated rendezvous
@@ -46,6 +54,12 @@ class PrefixStore final : public Store {
   void wait(const std::vector<std::string>& keys, Duration t) override { base_->wait(prefixed(keys), t); }
   std::int64_t add(const std::string& k, std::int64_t d) override { return base_->add(prefix_ + k, d); }
   bool check(const std::vector<std::string>& keys) override { return base_->check(prefixed(keys)); }
+  void set_within(const std::string& k, const std::string& v, Duration t) override {
+    base_->set_within(prefix_ + k, v, t);
+  }
+  bool check_within(const std::vector<std::string>& keys, Duration t) override {
+    return base_->check_within(prefixed(keys), t);
+  }
 
  private:
   std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {

@@ -24,7 +24,9 @@
 ///   get: the value; add: the new value (i64); check: 1 byte (0/1); errors: a message.
 ///
 /// A client that loses its connection (server gone) fails that call and every later one with
-/// peer_failure at once; it does not reconnect.
+/// peer_failure at once; it does not reconnect. Both ends' sockets get keepalive and a user
+/// timeout (detail/keepalive.hpp), so a host that vanishes fails the other end's calls within
+/// seconds; set_within and check_within bound a call more tightly than the store's timeout.
 
 #include <algorithm>
 #include <array>
@@ -45,6 +47,7 @@
 #include "chorus/bootstrap/store.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/detail/asio.hpp"
+#include "chorus/detail/keepalive.hpp"
 #include "chorus/detail/log.hpp"
 
 namespace chorus {
@@ -338,6 +341,7 @@ class TcpStoreServer {
     if (stopping_) co_return;
     boost::system::error_code ec;
     s.set_option(asio_tcp::no_delay(true), ec);
+    tune_keepalive(s.native_handle(), tuning_);  // a client host that vanishes frees its slot
 
     // Handshake, bounded so that a silent client cannot hold a slot forever.
     const auto hs_limit = std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10));
@@ -563,6 +567,7 @@ class TcpStoreServer {
   // Declared before io_ so they outlive coroutine frames that a forced stop leaves to ~io_context.
   std::chrono::milliseconds timeout_;
   std::string token_;
+  SocketTuning tuning_ = SocketTuning::from_env();
   std::map<std::string, std::string> data_;
   std::multimap<std::string, asio::steady_timer*> waiters_;
   std::set<asio_tcp::socket*> conns_;
@@ -586,13 +591,15 @@ class TcpStoreClient {
     connect();
   }
 
-  void set(const std::string& key, const std::string& value) {
+  /// set and check take an optional bound of their own (`limit`; default: the store's timeout).
+  void set(const std::string& key, const std::string& value) { set(key, value, timeout_); }
+  void set(const std::string& key, const std::string& value, std::chrono::milliseconds limit) {
     const ErrorContext ctx = context("set", key);
     check_store_key(key, ctx);
     if (value.size() > kStoreMaxValueBytes)
       throw Error(ErrorCode::invalid_argument, ctx,
                   "value of " + std::to_string(value.size()) + " bytes; the limit is 64 MiB");
-    expect_ok(request(encode_store_request(StoreOp::set, {key}, 0, value), Clock::now() + timeout_, ctx), ctx);
+    expect_ok(request(encode_store_request(StoreOp::set, {key}, 0, value), Clock::now() + limit, ctx), ctx);
   }
 
   std::string get(const std::string& key, std::chrono::milliseconds timeout) {
@@ -620,10 +627,11 @@ class TcpStoreClient {
     return decode_store_add_reply(r.payload, ctx);
   }
 
-  bool check(const std::vector<std::string>& keys) {
+  bool check(const std::vector<std::string>& keys) { return check(keys, timeout_); }
+  bool check(const std::vector<std::string>& keys, std::chrono::milliseconds limit) {
     const ErrorContext ctx = context("check", keys.size() == 1 ? keys.front() : std::string());
     check_keys(keys, ctx);
-    auto r = request(encode_store_request(StoreOp::check, keys, 0, {}), Clock::now() + timeout_, ctx);
+    auto r = request(encode_store_request(StoreOp::check, keys, 0, {}), Clock::now() + limit, ctx);
     expect_ok(r, ctx);
     return decode_store_check_reply(r.payload, ctx);
   }
@@ -666,8 +674,10 @@ class TcpStoreClient {
     if (!broken_.empty())
       throw Error(ErrorCode::peer_failure, ctx, "the connection to the store was lost earlier: " + broken_);
     try {
+      const auto allowed = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       return run_with_deadline(
-          io_, exchange(frame, ctx), deadline, [this] { close(); }, ctx, "store request");
+          io_, exchange(frame, ctx), deadline, [this] { close(); }, ctx,
+          "store request, allowed " + std::to_string(allowed.count()) + " ms");
     } catch (const std::exception& e) {  // the stream is mid-frame: unusable from here on
       broken_ = e.what();
       close();
@@ -700,6 +710,7 @@ class TcpStoreClient {
     co_await socket_.async_connect(ep, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) throw Error(ErrorCode::peer_failure, ctx, ec.message());
     socket_.set_option(asio_tcp::no_delay(true), ec);
+    tune_keepalive(socket_.native_handle(), tuning_);  // a store host that vanishes fails the calls
     Hello hello;
     hello.kind = kHandshakeStore;
     co_await handshake_connect(socket_, hello, token_);
@@ -748,6 +759,7 @@ class TcpStoreClient {
   std::uint16_t port_;
   std::chrono::milliseconds timeout_;
   std::string token_;
+  SocketTuning tuning_ = SocketTuning::from_env();
   std::mutex mu_;
   std::string broken_;  ///< why the connection is unusable; empty while it is fine
   asio::io_context io_{1};
@@ -795,6 +807,12 @@ class TcpStore final : public Store {
   void wait(const std::vector<std::string>& keys, Duration timeout) override { client_->wait(keys, timeout); }
   std::int64_t add(const std::string& key, std::int64_t delta) override { return client_->add(key, delta); }
   bool check(const std::vector<std::string>& keys) override { return client_->check(keys); }
+  void set_within(const std::string& key, const std::string& value, Duration limit) override {
+    client_->set(key, value, limit);
+  }
+  bool check_within(const std::vector<std::string>& keys, Duration limit) override {
+    return client_->check(keys, limit);
+  }
 
  private:
   std::string host_;

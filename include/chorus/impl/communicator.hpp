@@ -304,8 +304,7 @@ struct Communicator<T>::State {
       stall_gap = std::min<std::chrono::milliseconds>(stall_gap * 2, 5s);
     }
     stall_next = now + stall_gap;
-    publish_progress();
-    cross_check(mine);
+    cross_check(mine);  // publishes this rank's progress too
   }
 
   /// "entered E completed C at T": calls this rank has started and completed, and the wall time
@@ -313,8 +312,14 @@ struct Communicator<T>::State {
   void publish_progress() {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         std::chrono::system_clock::now().time_since_epoch()).count();
-    boot.store->set(progress_key(group.rank), "entered " + std::to_string(recorder->entered()) + " completed " +
-                                                  std::to_string(recorder->completed()) + " at " + std::to_string(ms));
+    boot.store->set_within(progress_key(group.rank), "entered " + std::to_string(recorder->entered()) + " completed " +
+                                                  std::to_string(recorder->completed()) + " at " + std::to_string(ms),
+                           store_bound());
+  }
+
+  /// The bound of each store call on a failure path: a few seconds, never more than the timeout.
+  std::chrono::milliseconds store_bound() const {
+    return std::min<std::chrono::milliseconds>(boot.options.timeout, std::chrono::seconds(3));
   }
 
   /// A call that stalled has completed: its progress is published again, so that a rank that
@@ -342,8 +347,8 @@ struct Communicator<T>::State {
         std::uint64_t entered = 0, completed = 0;
         std::int64_t at = 0;
         bool known = false;
-        if (boot.store->check({progress_key(p)})) {
-          std::istringstream in(boot.store->get(progress_key(p), std::min<std::chrono::milliseconds>(boot.options.timeout, std::chrono::seconds(2))));
+        if (boot.store->check_within({progress_key(p)}, store_bound())) {
+          std::istringstream in(boot.store->get(progress_key(p), store_bound()));
           std::string w1, w2, w3;
           known = static_cast<bool>(in >> w1 >> entered >> w2 >> completed >> w3 >> at) && w1 == "entered";
         }
@@ -394,10 +399,25 @@ struct Communicator<T>::State {
     std::string blob;
     for (const auto& r : recorder->snapshot())
       blob.append(reinterpret_cast<const char*>(&r.desc), sizeof(algo::CollectiveDesc));
-    boot.store->set(history_key(group.rank), blob);
+    // A stall may be the store's host gone too: each call is bounded by a few seconds, and a
+    // store that does not answer only means no cross-check; the links then name the lost peer.
+    const auto bound = store_bound();
+    std::vector<std::string> published(static_cast<std::size_t>(group.size()));
+    try {
+      publish_progress();
+      boot.store->set_within(history_key(group.rank), blob, bound);
+      for (int p = 0; p < group.size(); ++p)
+        if (p != group.rank && boot.store->check_within({history_key(p)}, bound))
+          published[static_cast<std::size_t>(p)] = boot.store->get(history_key(p), bound);
+    } catch (const Error& e) {
+      static std::atomic<bool> told{false};  // once per process: every later stall fails alike
+      if (!told.exchange(true))
+        detail::log(detail::LogLevel::warn, group.rank,
+                    "stall cross-check skipped, store unreachable: ", e.what());
+      return;
+    }
     for (int p = 0; p < group.size(); ++p) {
-      if (p == group.rank || !boot.store->check({history_key(p)})) continue;
-      const std::string theirs = boot.store->get(history_key(p), boot.options.timeout);
+      const std::string& theirs = published[static_cast<std::size_t>(p)];
       for (std::size_t off = 0; off + sizeof(algo::CollectiveDesc) <= theirs.size(); off += sizeof(algo::CollectiveDesc)) {
         algo::CollectiveDesc d;
         std::memcpy(&d, theirs.data() + off, sizeof d);

@@ -140,10 +140,11 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
   for (int p = 0; p < size_; ++p)
     if (peers_[static_cast<std::size_t>(p)])
       engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, weak_driver, engine_->token);
+  const auto tuning = chorus::detail::SocketTuning::from_env();  // a bad value fails before connecting
   if (std::find(peers_.begin(), peers_.end(), true) != peers_.end()) connect_all(b);
   for (auto& l : engine_->links) {
     if (!l) continue;
-    detail::tune_socket(l->socket());
+    detail::tune_socket(l->socket(), tuning);
     l->start();
   }
   engine_->work.emplace(engine_->io.get_executor());

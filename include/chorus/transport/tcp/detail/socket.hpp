@@ -4,7 +4,6 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <optional>
@@ -13,6 +12,7 @@
 #include "chorus/core/error.hpp"
 #include "chorus/detail/asio.hpp"
 #include "chorus/detail/env.hpp"
+#include "chorus/detail/keepalive.hpp"
 #include "chorus/options.hpp"
 
 namespace chorus::tcp::detail {
@@ -78,16 +78,11 @@ inline asio::ip::address listen_address(const Options& o) {
 }
 
 /// Options every link socket gets: no Nagle delay, and keepalive plus a user timeout so a host
-/// that vanishes without closing (cable, power) is noticed in seconds, not at the job timeout.
-inline void tune_socket(asio_tcp::socket& s) {
+/// that vanishes without closing (cable, power) is noticed in seconds, not at the job timeout
+/// (chorus/detail/keepalive.hpp; CHORUS_SOCKET_* variables).
+inline void tune_socket(asio_tcp::socket& s, const chorus::detail::SocketTuning& t) {
   s.set_option(asio_tcp::no_delay(true));
-  s.set_option(asio::socket_base::keep_alive(true));
-  const int fd = s.native_handle();
-  int idle = 10, intvl = 2, cnt = 5, user_timeout_ms = 20000;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+  chorus::detail::tune_keepalive(s.native_handle(), t);
 }
 
 }  // namespace chorus::tcp::detail
