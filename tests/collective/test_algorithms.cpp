@@ -1,5 +1,6 @@
 // Each forced algorithm of broadcast and reduce (the matrix runs the selector's choices), over
-// inproc ranks, with tiny slices so that pipelining is exercised on small buffers.
+// inproc ranks, with tiny slices so that pipelining is exercised on small buffers; and a forced
+// algorithm that a collective lacks, refused by name.
 #include "chorus/communicator.hpp"
 #include "support/communicators.hpp"
 
@@ -28,6 +29,7 @@ TEST_CASE("broadcast and reduce with each algorithm, every root, uneven counts")
     CAPTURE(n);
     for (const char* algo : {"chain", "binomial", "ring"}) {
       CAPTURE(algo);
+      const bool broadcast = std::string(algo) != "ring", reduce = std::string(algo) != "chain";
       chorus::test::run_threads(n, [&](int rank, chorus::Options o) {
         o.algorithm = algo;
         o.chunk_bytes = 12;  // three floats per slice
@@ -37,10 +39,13 @@ TEST_CASE("broadcast and reduce with each algorithm, every root, uneven counts")
             const std::string what = std::string(algo) + " n=" + std::to_string(n) + " count=" + std::to_string(count) +
                                      " root=" + std::to_string(root) + " rank=" + std::to_string(rank);
             // broadcast: everyone ends with the root's input.
-            std::vector<float> buf(count);
-            for (std::size_t i = 0; i < count; ++i) buf[i] = rank == root ? input(root, i) : -99.0f;
-            comm.broadcast(buf, root);
-            for (std::size_t i = 0; i < count; ++i) expect(buf[i] == input(root, i), "broadcast " + what);
+            if (broadcast) {
+              std::vector<float> buf(count);
+              for (std::size_t i = 0; i < count; ++i) buf[i] = rank == root ? input(root, i) : -99.0f;
+              comm.broadcast(buf, root);
+              for (std::size_t i = 0; i < count; ++i) expect(buf[i] == input(root, i), "broadcast " + what);
+            }
+            if (!reduce) continue;
             // reduce (sum and avg): the root gets the exact sum; other ranks' out is untouched.
             std::vector<float> in(count), out(count, -1.0f);
             for (std::size_t i = 0; i < count; ++i) in[i] = input(rank, i);
@@ -63,6 +68,57 @@ TEST_CASE("broadcast and reduce with each algorithm, every root, uneven counts")
         }
       });
     }
+  }
+}
+
+TEST_CASE("a forced algorithm the collective lacks is refused by name; barrier and split run") {
+  using chorus::ErrorCode;
+  using chorus::test::expect_error;
+  const auto refused = [](const chorus::Error& e, const std::string& what) {
+    const std::string m = e.what();
+    for (const char* part : {"broadcast has no ring algorithm", "binomial, chain, tree", "CHORUS_ALGO"})
+      if (what == "broadcast" && m.find(part) == std::string::npos) throw chorus::test::Failure("message: " + m);
+    for (const char* part : {"reduce has no chain algorithm", "binomial, ring, tree"})
+      if (what == "reduce" && m.find(part) == std::string::npos) throw chorus::test::Failure("message: " + m);
+  };
+  for (int n : {1, 3}) {
+    CAPTURE(n);
+    chorus::test::run_threads(n, [&](int rank, chorus::Options o) {
+      std::vector<float> buf(5, 1.0f), out(5 * static_cast<std::size_t>(n));
+      {
+        o.algorithm = "ring";
+        auto comm = Comm::create(o);
+        refused(expect_error(ErrorCode::invalid_argument, [&] { comm.broadcast(std::span(buf), 0); }, "broadcast ring"),
+                "broadcast");
+        // ring is all_reduce's and reduce's; the collectives with one algorithm run it.
+        comm.all_reduce(std::span(buf), chorus::ReduceOp::sum);
+        comm.reduce(std::span<const float>(buf), std::span(out).first(5), chorus::ReduceOp::sum, 0);
+        comm.all_gather(std::span<const float>(buf), std::span(out));
+        comm.gather(std::span<const float>(buf), std::span(out), 0);
+        comm.barrier();
+        auto sub = comm.split(rank % 2, rank);
+        sub.barrier();
+        expect(buf[0] == static_cast<float>(n), "all_reduce ring after the refusal");
+      }
+      {
+        o.algorithm = "chain";
+        auto comm = Comm::create(o);
+        refused(expect_error(ErrorCode::invalid_argument,
+                             [&] { comm.reduce(std::span<const float>(buf), std::span(out).first(5), chorus::ReduceOp::sum, 0); },
+                             "reduce chain"),
+                "reduce");
+        expect_error(ErrorCode::invalid_argument, [&] { comm.all_reduce(std::span(buf), chorus::ReduceOp::sum); },
+                     "all_reduce chain");
+        comm.broadcast(std::span(buf), 0);
+        auto sub = comm.split(0, rank);
+      }
+      {
+        o.algorithm = "one_shot";  // all_reduce's alone
+        auto comm = Comm::create(o);
+        expect_error(ErrorCode::invalid_argument, [&] { comm.broadcast(std::span(buf), 0); }, "broadcast one_shot");
+        comm.barrier();
+      }
+    });
   }
 }
 

@@ -1,8 +1,10 @@
 // Ranks that call different collectives, or the same one with different counts, dtypes, ops or
 // roots, must all get chorus::Error with code mismatch, promptly (within 1 s; the timeout is 30 s,
 // so an error that only comes from the timeout does not pass), with a message that names both
-// calls. Over inproc and over tcp (ranks as threads), world sizes 2, 3 and 4; the last rank is the
-// odd one out, after one matched collective (so the mismatch is not at sequence number 0).
+// calls. Over inproc, tcp and shm with ranks as threads, and over shm and the default transport
+// (auto: shm on this host) with ranks as processes (support/modes.hpp); world sizes 2, 3 and 4;
+// the last rank is the odd one out, after one matched collective (so the mismatch is not at
+// sequence number 0).
 //
 // When a rank's part of the mismatched call only sends (a broadcast root, say), it may return
 // before anyone has seen the mismatch: it must then get the error from its next call (a barrier
@@ -20,8 +22,7 @@
 
 #include "chorus/communicator.hpp"
 #include "support/communicators.hpp"
-#include "chorus/transport/inproc/transport.hpp"
-#include "chorus/transport/tcp/transport.hpp"
+#include "support/modes.hpp"
 #include "support/spawn.hpp"
 
 // This file's own names: the files of tests/collective/ are compiled together (unity build).
@@ -46,41 +47,65 @@ struct Verdict {
   std::string from;
 };
 
-/// Runs body(comm, rank, verdict.from) on n ranks (threads, one communicator each, created with
-/// `algorithm`), timed from the communicator's creation, then judge(rank, verdict) on each rank.
-/// The communicators live until every rank has its verdict; a rank that throws, even from
+/// Runs body(comm, rank, verdict.from) on n ranks (threads or processes, as Mode says; one
+/// communicator each, created with `algorithm`), timed from the communicator's creation, then
+/// judge(rank, verdict) on each rank. The communicators live until every rank has its verdict
+/// (a latch between threads, the store between processes); a rank that throws, even from
 /// create(), still arrives, so no rank waits on another for ever.
-template <class Transport, class Body, class Judge>
+template <class Mode, class Body, class Judge>
 void run_ranks(int n, std::chrono::seconds timeout, const std::string& algorithm, const Body& body,
                const Judge& judge) {
+  using Comm = chorus::Communicator<typename Mode::Transport>;
   std::latch done(n);
-  chorus::test::ThreadOptions topt;
-  topt.timeout = timeout;
-  chorus::test::run_threads(
-      n,
-      [&](int rank, chorus::Options o) {
-        Verdict v;
-        {
-          struct Arrive {
-            std::latch& l;
-            ~Arrive() { l.count_down(); }
-          };
-          std::optional<Arrive> arrive(std::in_place, done);
-          o.algorithm = algorithm;
-          auto comm = chorus::Communicator<Transport>::create(std::move(o));
-          const auto t0 = Clock::now();
-          try {
-            body(comm, rank, v.from);
-          } catch (const chorus::Error& e) {
-            v.err = e;
-          }
-          v.ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-          arrive.reset();
-          done.wait();
-        }
-        judge(rank, v);
-      },
-      topt);
+  // Body and verdict of one rank; `arrived` is called once the verdict is in, `wait_all` then
+  // waits for the other ranks'.
+  auto rank_main = [&](int rank, chorus::Options o, const auto& arrived, const auto& wait_all) {
+    Verdict v;
+    {
+      struct Arrive {
+        const std::remove_cvref_t<decltype(arrived)>& f;
+        ~Arrive() { f(); }
+      };
+      std::optional<Arrive> arrive(std::in_place, arrived);
+      o.algorithm = algorithm;
+      auto comm = Comm::create(std::move(o));
+      const auto t0 = Clock::now();
+      try {
+        body(comm, rank, v.from);
+      } catch (const chorus::Error& e) {
+        v.err = e;
+      }
+      v.ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      arrive.reset();
+      wait_all();
+    }
+    judge(rank, v);
+  };
+  if constexpr (Mode::kProcesses) {
+    chorus::test::ProcessOptions popt;
+    popt.comm_timeout = timeout;
+    popt.timeout = timeout + std::chrono::seconds(30);
+    chorus::test::run_processes(
+        n,
+        [&](int rank, chorus::Options o) {
+          auto store = o.store;
+          std::vector<std::string> all;
+          for (int r = 0; r < n; ++r) all.push_back("test/verdict/" + std::to_string(r));
+          rank_main(
+              rank, std::move(o), [&] { store->set(all[static_cast<std::size_t>(rank)], "1"); },
+              [&] { store->wait(all, timeout); });
+        },
+        popt);
+  } else {
+    chorus::test::ThreadOptions topt;
+    topt.timeout = timeout;
+    chorus::test::run_threads(
+        n,
+        [&](int rank, chorus::Options o) {
+          rank_main(rank, std::move(o), [&] { done.count_down(); }, [&] { done.wait(); });
+        },
+        topt);
+  }
 }
 
 /// Throws unless `v` is a mismatch that surfaced within kPrompt with every one of `parts` in its
@@ -100,20 +125,25 @@ void expect_prompt_mismatch(const std::string& who, const Verdict& v, std::initi
 /// Runs `call(comm, odd)` on every rank of a world of n (odd: the last rank) and checks that
 /// every rank gets mismatch within kPrompt, from the call or from a barrier right after it, with
 /// a message containing both `a` (what the others called) and `b` (what the odd rank called).
-template <class Transport, class Call>
+template <class Mode, class Call>
 void expect_mismatch(int n, const Call& call, const std::string& a, const std::string& b,
                      const std::string& algorithm) {
-  const std::string where = std::string("(") + std::string(Transport::kName) + ", world " +
-                            std::to_string(n) + (algorithm.empty() ? "" : ", " + algorithm) + ")";
-  run_ranks<Transport>(
+  const std::string where = std::string("(") + std::string(Mode::Transport::kName) +
+                            (Mode::kProcesses ? " processes" : " threads") + ", world " + std::to_string(n) +
+                            (algorithm.empty() ? "" : ", " + algorithm) + ")";
+  run_ranks<Mode>(
       n, kTimeout, algorithm,
       [&](auto& comm, int rank, std::string& from) {
-        // One matched collective first. A rank still finishing it when the others have already
-        // met the mismatch may get the error here (the communicator is aborted): that counts.
-        from = "the matched all_reduce before the mismatched call";
-        std::vector<float> warm(4, 1.0f);
-        comm.all_reduce(std::span<float>(warm), ReduceOp::sum);
-        chorus::test::expect(warm[0] == static_cast<float>(n), "the matched all_reduce before the mismatch " + where);
+        // One matched collective first: an all_gather, which has one algorithm whatever is forced
+        // (a forced chain would refuse an all_reduce). A rank still finishing it when the others
+        // have already met the mismatch may get the error here (the communicator is aborted):
+        // that counts.
+        from = "the matched all_gather before the mismatched call";
+        std::vector<std::int32_t> warm(static_cast<std::size_t>(n), -1);
+        const std::int32_t mine = rank;
+        comm.all_gather(std::span<const std::int32_t>(&mine, 1), std::span<std::int32_t>(warm));
+        chorus::test::expect(warm[static_cast<std::size_t>(n - 1)] == n - 1,
+                             "the matched all_gather before the mismatch " + where);
         from = "the mismatched call";
         call(comm, rank == n - 1);
         from = "the barrier after the mismatched call (which returned)";
@@ -126,25 +156,28 @@ void expect_mismatch(int n, const Call& call, const std::string& a, const std::s
 }
 
 /// Every world size (and, for some, forced algorithms as well as the default).
-template <class Transport, class Call>
+template <class Mode, class Call>
 void expect_mismatch_everywhere(const Call& call, const std::string& a, const std::string& b,
                                 std::vector<std::string> algorithms = {""}) {
   for (const auto& algo : algorithms)
     for (int n : kWorldSizes) {
       CAPTURE(n);
       CAPTURE(algo);
-      expect_mismatch<Transport>(n, call, a, b, algo);
+      expect_mismatch<Mode>(n, call, a, b, algo);
     }
 }
 
-using Inproc = chorus::inproc::Transport;
-using Tcp = chorus::tcp::Transport;
+using chorus::test::AutoProcesses;
+using chorus::test::InprocThreads;
+using chorus::test::ShmProcesses;
+using chorus::test::ShmThreads;
+using chorus::test::TcpThreads;
 
 }  // namespace
 
 // ---- different collectives ----------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("mismatch: all_reduce vs broadcast", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: all_reduce vs broadcast", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<float> v(16, 1.0f);
@@ -153,10 +186,10 @@ TEST_CASE_TEMPLATE("mismatch: all_reduce vs broadcast", T, Inproc, Tcp) {
         else
           c.all_reduce(std::span<float>(v), ReduceOp::sum);
       },
-      "all_reduce", "broadcast", {"", "ring", "tree"});
+      "all_reduce", "broadcast", {"", "tree"});  // tree: the one algorithm both have
 }
 
-TEST_CASE_TEMPLATE("mismatch: all_reduce vs all_gather", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: all_reduce vs all_gather", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<float> v(16, 1.0f), out(16 * c.size());
@@ -168,7 +201,7 @@ TEST_CASE_TEMPLATE("mismatch: all_reduce vs all_gather", T, Inproc, Tcp) {
       "all_reduce", "all_gather", {"", "ring"});
 }
 
-TEST_CASE_TEMPLATE("mismatch: barrier vs all_reduce", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: barrier vs all_reduce", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<float> v(16, 1.0f);
@@ -180,7 +213,7 @@ TEST_CASE_TEMPLATE("mismatch: barrier vs all_reduce", T, Inproc, Tcp) {
       "barrier", "all_reduce");
 }
 
-TEST_CASE_TEMPLATE("mismatch: reduce_scatter vs all_to_all", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: reduce_scatter vs all_to_all", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<std::int32_t> in(4 * c.size(), 1), out(4 * c.size());
@@ -195,7 +228,7 @@ TEST_CASE_TEMPLATE("mismatch: reduce_scatter vs all_to_all", T, Inproc, Tcp) {
 
 // ---- same collective, different parameters ---------------------------------------------------
 
-TEST_CASE_TEMPLATE("mismatch: all_reduce counts 10 vs 20", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: all_reduce counts 10 vs 20", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<float> v(odd ? 20 : 10, 1.0f);
@@ -206,7 +239,7 @@ TEST_CASE_TEMPLATE("mismatch: all_reduce counts 10 vs 20", T, Inproc, Tcp) {
 
 // One side's first messages are small enough to carry the descriptor in front of their data,
 // the other's are not (a separate descriptor precedes them; above the links' eager size too).
-TEST_CASE_TEMPLATE("mismatch: all_reduce counts 10 vs 100000 (stamped vs separate descriptor)", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: all_reduce counts 10 vs 100000 (stamped vs separate descriptor)", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<float> v(odd ? 100000 : 10, 1.0f);
@@ -215,7 +248,7 @@ TEST_CASE_TEMPLATE("mismatch: all_reduce counts 10 vs 100000 (stamped vs separat
       "count 10", "count 100000", {"", "ring", "tree", "recursive_doubling"});
 }
 
-TEST_CASE_TEMPLATE("mismatch: broadcast counts 7 vs 100000 (stamped vs separate descriptor)", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: broadcast counts 7 vs 100000 (stamped vs separate descriptor)", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<std::uint8_t> v(odd ? 100000 : 7, 3);
@@ -224,7 +257,7 @@ TEST_CASE_TEMPLATE("mismatch: broadcast counts 7 vs 100000 (stamped vs separate 
       "count 7", "count 100000", {"", "chain"});
 }
 
-TEST_CASE_TEMPLATE("mismatch: all_gather counts 3 vs 5", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: all_gather counts 3 vs 5", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         const std::size_t k = odd ? 5 : 3;
@@ -234,7 +267,7 @@ TEST_CASE_TEMPLATE("mismatch: all_gather counts 3 vs 5", T, Inproc, Tcp) {
       "count 3", "count 5");
 }
 
-TEST_CASE_TEMPLATE("mismatch: broadcast counts 100 vs 7", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: broadcast counts 100 vs 7", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<std::uint8_t> v(odd ? 7 : 100, 3);
@@ -243,7 +276,7 @@ TEST_CASE_TEMPLATE("mismatch: broadcast counts 100 vs 7", T, Inproc, Tcp) {
       "count 100", "count 7");
 }
 
-TEST_CASE_TEMPLATE("mismatch: all_reduce float32 vs int32 (same bytes)", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: all_reduce float32 vs int32 (same bytes)", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         if (odd) {
@@ -257,7 +290,7 @@ TEST_CASE_TEMPLATE("mismatch: all_reduce float32 vs int32 (same bytes)", T, Inpr
       "float32", "int32", {"", "ring"});
 }
 
-TEST_CASE_TEMPLATE("mismatch: all_reduce float32 vs bfloat16", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: all_reduce float32 vs bfloat16", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         if (odd) {
@@ -271,7 +304,7 @@ TEST_CASE_TEMPLATE("mismatch: all_reduce float32 vs bfloat16", T, Inproc, Tcp) {
       "float32", "bfloat16");
 }
 
-TEST_CASE_TEMPLATE("mismatch: all_reduce sum vs max", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: all_reduce sum vs max", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<float> v(16, 1.0f);
@@ -280,7 +313,7 @@ TEST_CASE_TEMPLATE("mismatch: all_reduce sum vs max", T, Inproc, Tcp) {
       "sum", "max", {"", "ring", "tree", "recursive_doubling"});
 }
 
-TEST_CASE_TEMPLATE("mismatch: reduce_scatter sum vs prod", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: reduce_scatter sum vs prod", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<std::int64_t> in(3 * c.size(), 2), out(3);
@@ -292,7 +325,7 @@ TEST_CASE_TEMPLATE("mismatch: reduce_scatter sum vs prod", T, Inproc, Tcp) {
 
 // ---- different roots -------------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("mismatch: broadcast roots 0 vs 1", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: broadcast roots 0 vs 1", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         std::vector<float> v(16, 1.0f);
@@ -301,7 +334,7 @@ TEST_CASE_TEMPLATE("mismatch: broadcast roots 0 vs 1", T, Inproc, Tcp) {
       "root 0", "root 1");
 }
 
-TEST_CASE_TEMPLATE("mismatch: reduce roots 0 vs 1", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: reduce roots 0 vs 1", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         const int root = odd ? 1 : 0;
@@ -311,7 +344,7 @@ TEST_CASE_TEMPLATE("mismatch: reduce roots 0 vs 1", T, Inproc, Tcp) {
       "root 0", "root 1");
 }
 
-TEST_CASE_TEMPLATE("mismatch: gather roots 0 vs 1", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: gather roots 0 vs 1", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         const int root = odd ? 1 : 0;
@@ -321,7 +354,7 @@ TEST_CASE_TEMPLATE("mismatch: gather roots 0 vs 1", T, Inproc, Tcp) {
       "root 0", "root 1");
 }
 
-TEST_CASE_TEMPLATE("mismatch: scatter roots 0 vs 1", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: scatter roots 0 vs 1", T, InprocThreads, TcpThreads, ShmThreads, ShmProcesses, AutoProcesses) {
   expect_mismatch_everywhere<T>(
       [](auto& c, bool odd) {
         const int root = odd ? 1 : 0;
@@ -344,9 +377,9 @@ constexpr auto kShortTimeout = 5s;  // a rank left waiting fails by its timeout,
 
 /// Runs body(comm, rank) on n ranks; every rank but rank 0 must get mismatch within kPrompt with
 /// a message containing `text`.
-template <class Transport, class Body>
+template <class Mode, class Body>
 void expect_everyone_told(int n, const std::string& text, const Body& body) {
-  run_ranks<Transport>(
+  run_ranks<Mode>(
       n, kShortTimeout, "",
       [&](auto& comm, int rank, std::string& from) {
         from = "the test's calls";
@@ -354,7 +387,7 @@ void expect_everyone_told(int n, const std::string& text, const Body& body) {
       },
       [&](int rank, const Verdict& v) {
         if (rank == 0) return;
-        expect_prompt_mismatch("rank " + std::to_string(rank) + " (" + std::string(Transport::kName) + ", world " +
+        expect_prompt_mismatch("rank " + std::to_string(rank) + " (" + std::string(Mode::Transport::kName) + ", world " +
                                    std::to_string(n) + "): ",
                                v, {text});
       });
@@ -366,7 +399,7 @@ void expect_everyone_told(int n, const std::string& text, const Body& body) {
 // on each other, never on rank 0. Rank 1 must tell the others before it aborts: over tcp its
 // abort leaves the connections open (the peers are meant to learn from the notices), so nothing
 // else would wake them.
-TEST_CASE_TEMPLATE("mismatch: a notice that reaches one rank reaches every rank", T, Inproc, Tcp) {
+TEST_CASE_TEMPLATE("mismatch: a notice that reaches one rank reaches every rank", T, InprocThreads, TcpThreads) {
   const std::string text = "rank 0: test notice (all_reduce vs broadcast)";
   for (int n : {3, 4}) {
     CAPTURE(n);
@@ -390,7 +423,7 @@ TEST_CASE_TEMPLATE("mismatch: a notice that reaches one rank reaches every rank"
 // all_gather: rank 1 fails on its receive from rank 0, and rank 2, which only waits on rank 1,
 // must hear of it from rank 1.
 TEST_CASE("mismatch: a rank whose message fails with mismatch tells the others") {
-  expect_everyone_told<Inproc>(4, "rank 0 found", [](auto& comm, int rank) {
+  expect_everyone_told<InprocThreads>(4, "rank 0 found", [](auto& comm, int rank) {
     if (rank == 0) {
       comm.transport().abort(chorus::Error(chorus::ErrorCode::mismatch, "rank 0 found a mismatch (test)"));
       return;

@@ -289,8 +289,8 @@ void collectives(int world) {
 
 /// Each algorithm forced: all_reduce (ring, tree, recursive_doubling: every op), broadcast
 /// (binomial, chain) and reduce (binomial, ring: sum and max), each dtype and count, in and out of
-/// place, the last rank as root. An algorithm that does not apply to a collective leaves it to
-/// the model.
+/// place, the last rank as root. Each algorithm runs only on the collectives that have it: forced
+/// on one that lacks it, it is an invalid_argument error (tested in test_algorithms.cpp).
 template <class Comm>
 void algorithms(int world) {
   run_procs(world, [world](chorus::Options o) {

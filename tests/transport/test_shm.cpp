@@ -1,8 +1,10 @@
 // The shm transport's own promises, and the auto transport's choice per peer:
 // * both large-message paths (cross-memory attach, and streaming through the ring when
 //   CHORUS_SHM_CMA=0) move data intact, with eager messages and mismatched sizes around them;
-// * nothing is left in /dev/shm after a normal exit, an exception, or a SIGKILL of either side
-//   (segments are anonymous memfds, so none should ever appear there);
+// * a communicator's shared memory goes with it: segments are anonymous memfds, and after the
+//   communicator is destroyed (after a normal run, an exception, an abort, a peer's SIGKILL, a
+//   peer killed mid-collective) the process holds as many memfd descriptors and memfd mappings as
+//   before it was created;
 // * 8 ranks on this machine's cores: a 64 MiB all_reduce (16 MiB under the sanitizers) completes,
 //   and ranks that wait inside a collective use (almost) no CPU;
 // * a rank killed mid-collective: the survivors get peer_failure within 5 s;
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <span>
 #include <string>
@@ -76,20 +79,52 @@ void check(std::span<const std::byte> b, std::uint64_t seed, const std::string& 
                                   std::to_string(b.size()));
 }
 
-/// Entries of /dev/shm that chorus could have made (it never should: its segments have no name).
-std::set<std::string> chorus_shm_entries() {
-  std::set<std::string> out;
+/// This process's anonymous shared memory: descriptors that are memfds (/proc/self/fd links to
+/// "/memfd:<name> (deleted)") and mappings of memfds (/proc/self/maps lines naming "memfd:").
+/// The shm transport's segments are memfds: each link's is mapped once per end, and its
+/// descriptor is closed once mapped (or passed to the peer).
+struct MemfdUse {
+  int fds = 0;
+  int maps = 0;
+};
+
+MemfdUse memfd_use() {
+  MemfdUse u;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find("chorus") != std::string::npos) out.insert(name);
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code link_ec;
+    const auto target = std::filesystem::read_symlink(e.path(), link_ec).string();
+    if (!link_ec && target.starts_with("/memfd:")) ++u.fds;
   }
-  return out;
+  if (ec) throw chorus::test::Failure("cannot list /proc/self/fd: " + ec.message());
+  std::ifstream maps("/proc/self/maps");
+  if (!maps) throw chorus::test::Failure("cannot read /proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("memfd:") != std::string::npos) ++u.maps;
+  return u;
 }
 
-void expect_no_shm_left(const std::set<std::string>& before) {
-  for (const auto& name : chorus_shm_entries())
-    CHECK_MESSAGE(before.count(name) == 1, "/dev/shm/" << name << " was left behind");
+/// Throws unless the process holds what it held at `before`. `what` says when.
+void expect_memfds_back(const MemfdUse& before, const std::string& what) {
+  const MemfdUse now = memfd_use();
+  if (now.fds != before.fds || now.maps != before.maps)
+    throw chorus::test::Failure(what + ": " + std::to_string(now.fds) + " memfd descriptors and " +
+                                std::to_string(now.maps) + " memfd mappings, against " + std::to_string(before.fds) +
+                                " and " + std::to_string(before.maps) + " before the communicator");
+}
+
+/// Runs body(comm) on a communicator of type Comm created from `o`, checking that the body really
+/// made shm segments and that none outlives the communicator.
+template <class Comm, class Body>
+void expect_no_memfd_left(chorus::Options o, const std::string& what, const Body& body) {
+  const MemfdUse before = memfd_use();
+  {
+    Comm comm = Comm::create(std::move(o));
+    const MemfdUse during = memfd_use();
+    expect(during.maps > before.maps, what + ": no memfd mapping while the communicator lives (is it shm?)");
+    body(comm);
+  }
+  expect_memfds_back(before, what);
 }
 
 /// Waits (bounded by kPrompt) for `pending` to fail with peer_failure naming `peer`.
@@ -157,35 +192,57 @@ TEST_CASE("shm: data paths with and without cross-memory attach") {
   }
 }
 
+// Two ranks as threads of this process; their segments are gone with their communicators.
 TEST_CASE("shm: ranks as threads") {
+  const MemfdUse before = memfd_use();
   chorus::test::ThreadOptions t;
   t.timeout = 30s;
   chorus::test::run_threads(2, [](int, chorus::Options o) {
     auto comm = ShmComm::create(std::move(o));
     exchange(comm);
   }, t);
+  expect_memfds_back(before, "after two ranks as threads");
 }
 
-// Nothing of the job in /dev/shm after: a normal exit, an exception on both ranks, a SIGKILL of
-// the rank that creates the segment (0) and of the one that maps it (1).
-TEST_CASE("shm: nothing is left in /dev/shm") {
-  const auto before = chorus_shm_entries();
+// No memfd descriptor or mapping outlives its communicator, in each rank's own process: after a
+// normal run (eager and cross-memory-attach sizes, one_shot mailboxes), an exception, an abort,
+// and in the survivor after a SIGKILL of the rank that creates the link's segment (0) and of the
+// one that maps it (1); also for the auto transport. (Ranks as threads: "shm: ranks as threads".)
+TEST_CASE("shm: no memfd descriptor or mapping outlives its communicator") {
   SUBCASE("normal exit") {
-    chorus::test::run_processes(2, [](int, chorus::Options o) {
-      auto comm = ShmComm::create(std::move(o));
-      std::vector<float> v(1000, 1.0f);
-      comm.all_reduce(std::span<float>(v), chorus::ReduceOp::sum);
-      expect_eq(v[999], 2.0f, "sum");
+    chorus::test::run_processes(3, [](int, chorus::Options o) {
+      expect_no_memfd_left<ShmComm>(o, "after collectives", [](ShmComm& comm) {
+        std::vector<float> v(1 << 20, 1.0f);
+        comm.all_reduce(std::span<float>(v), chorus::ReduceOp::sum);
+        expect_eq(v[999], 3.0f, "sum");
+        std::vector<float> small(8, 1.0f);
+        comm.all_reduce(std::span<float>(small), chorus::ReduceOp::sum);
+        expect_eq(small[7], 3.0f, "small sum");
+        auto sub = comm.split(comm.rank() % 2, 0);
+        sub.barrier();
+      });
     }, process_options());
   }
   SUBCASE("exception") {
     chorus::test::run_processes(2, [](int, chorus::Options o) {
-      try {
-        auto comm = ShmComm::create(std::move(o));
+      expect_no_memfd_left<ShmComm>(o, "after an exception", [](ShmComm& comm) {
+        try {
+          auto inner = ShmComm::create(comm.options());
+          inner.barrier();
+          throw std::runtime_error("the body fails");
+        } catch (const std::runtime_error&) {
+        }
+      });
+    }, process_options());
+  }
+  SUBCASE("abort") {
+    chorus::test::run_processes(2, [](int rank, chorus::Options o) {
+      expect_no_memfd_left<ShmComm>(o, "after an abort", [rank](ShmComm& comm) {
         comm.barrier();
-        throw std::runtime_error("the body fails");
-      } catch (const std::runtime_error&) {
-      }
+        if (rank == 0) comm.abort();
+        std::vector<std::byte> buf(1 << 20);
+        expect_error(ErrorCode::peer_failure, [&] { comm.recv(buf, 1 - rank, 4); }, "a receive after the abort");
+      });
     }, process_options());
   }
   for (int victim : {0, 1}) {
@@ -194,24 +251,34 @@ TEST_CASE("shm: nothing is left in /dev/shm") {
           2,
           [victim](int rank, chorus::Options o) {
             auto store = o.store;
-            auto comm = ShmComm::create(std::move(o));
-            std::vector<std::byte> big(8 << 20), small(100);
-            comm.barrier();
-            if (rank == victim) {
-              Request s = comm.isend(big, 1 - rank, 1);  // a large send in flight
-              store->set("test/posted", "1");
-              store->get("test/pending", kTimeout);
-              std::raise(SIGKILL);
-            }
-            store->get("test/posted", kTimeout);
-            Request pending = comm.irecv(small, victim, 2);  // never sent
-            store->set("test/pending", "1");
-            expect_prompt_peer_failure(pending, victim, "receive from the killed rank");
+            expect_no_memfd_left<ShmComm>(o, "after the peer's SIGKILL", [&](ShmComm& comm) {
+              std::vector<std::byte> big(8 << 20), small(100);
+              comm.barrier();
+              if (rank == victim) {
+                Request s = comm.isend(big, 1 - rank, 1);  // a large send in flight
+                store->set("test/posted", "1");
+                store->get("test/pending", kTimeout);
+                std::raise(SIGKILL);
+              }
+              store->get("test/posted", kTimeout);
+              Request pending = comm.irecv(small, victim, 2);  // never sent
+              store->set("test/pending", "1");
+              expect_prompt_peer_failure(pending, victim, "receive from the killed rank");
+            });
           },
           process_options({victim}));
     }
   }
-  expect_no_shm_left(before);
+  SUBCASE("auto transport") {
+    chorus::test::run_processes(3, [](int, chorus::Options o) {
+      ::unsetenv("CHORUS_HOST_ID");
+      expect_no_memfd_left<AutoComm>(o, "auto transport", [](AutoComm& comm) {
+        std::vector<double> v(100003, 1.0);
+        comm.all_reduce(std::span<double>(v), chorus::ReduceOp::sum);
+        expect_eq(v[100002], 3.0, "sum");
+      });
+    }, process_options());
+  }
 }
 
 // 8 ranks (4 per core here): ranks waiting in a collective for a late rank must sleep, not spin:
@@ -256,31 +323,30 @@ TEST_CASE("shm: 8 ranks, a large all_reduce, no spinning while waiting") {
 }
 
 // Three ranks in an all_reduce; rank 2 is killed while 0 and 1 are inside it: they get
-// peer_failure within 5 s, and nothing is left in /dev/shm.
+// peer_failure within 5 s, and once their communicators are gone, so are its memfds.
 TEST_CASE("shm: rank killed mid-collective") {
-  const auto before = chorus_shm_entries();
   chorus::test::run_processes(
       3,
       [](int rank, chorus::Options o) {
         auto store = o.store;
-        auto comm = ShmComm::create(std::move(o));
-        std::vector<float> v(4 << 20, 1.0f);
-        comm.all_reduce(std::span<float>(v), chorus::ReduceOp::sum);  // all three, once
-        if (rank == 2) {
-          store->wait({"test/inside/0", "test/inside/1"}, kTimeout);
-          std::raise(SIGKILL);
-        }
-        Request r = comm.all_reduce_async(std::span<float>(v), chorus::ReduceOp::sum);
-        store->set("test/inside/" + std::to_string(rank), "1");
-        const auto t0 = Clock::now();
-        while (!r.state()->done()) {
-          if (Clock::now() - t0 > kPrompt + 2s) throw chorus::test::Failure("no failure 7 s after the kill");
-          std::this_thread::sleep_for(2ms);
-        }
-        expect_error(ErrorCode::peer_failure, [&] { r.wait(); }, "all_reduce with a killed rank");
+        expect_no_memfd_left<ShmComm>(o, "after a peer died mid-collective", [&](ShmComm& comm) {
+          std::vector<float> v(4 << 20, 1.0f);
+          comm.all_reduce(std::span<float>(v), chorus::ReduceOp::sum);  // all three, once
+          if (rank == 2) {
+            store->wait({"test/inside/0", "test/inside/1"}, kTimeout);
+            std::raise(SIGKILL);
+          }
+          Request r = comm.all_reduce_async(std::span<float>(v), chorus::ReduceOp::sum);
+          store->set("test/inside/" + std::to_string(rank), "1");
+          const auto t0 = Clock::now();
+          while (!r.state()->done()) {
+            if (Clock::now() - t0 > kPrompt + 2s) throw chorus::test::Failure("no failure 7 s after the kill");
+            std::this_thread::sleep_for(2ms);
+          }
+          expect_error(ErrorCode::peer_failure, [&] { r.wait(); }, "all_reduce with a killed rank");
+        });
       },
       process_options({2}));
-  expect_no_shm_left(before);
 }
 
 // A large send to a rank that has not posted its receive; that rank is killed: the send fails.

@@ -1,10 +1,20 @@
-// Launcher detection: torchrun, Open MPI, MPICH/Hydra, Slurm.
+// Launcher detection: torchrun, Open MPI, MPICH/Hydra, Slurm; the job id, Slurm's hostlist, and
+// where env:// meets without MASTER_ADDR (a job's file store on one host, Slurm's first node).
+// The variables are the ones real launchers set (seen with `mpirun.openmpi -np 2 env` from Open
+// MPI 4.1 and `mpiexec.mpich -n 2 env` from MPICH/Hydra 4.0).
 #include "chorus/bootstrap/launch_env.hpp"
 
 #include <doctest/doctest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/bootstrap/rendezvous.hpp"
 
 // This file's own names: the files of tests/unit/ are compiled together (unity build).
 namespace unit_test_launch_env {
@@ -160,6 +170,210 @@ TEST_CASE("half a launcher is an error naming the missing variable") {
 TEST_CASE("the process environment overload") {
   // Whatever this test runs under, it must not throw on a clean or a launcher environment.
   CHECK_NOTHROW(detect_launch());
+}
+
+TEST_CASE("the job id each launcher carries") {
+  // Open MPI 4.1 sets both; 5 (PRRTE) names its namespace "prterun-<host>-<pid>@1".
+  auto l = detect_launch(env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                              {"PMIX_NAMESPACE", "952696833"}, {"OMPI_MCA_ess_base_jobid", "952696833"}}));
+  REQUIRE(l);
+  CHECK(l->job_id == "pmix-952696833");
+  l = detect_launch(env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"PMIX_NAMESPACE", "prterun-vm-21559@1"}}));
+  CHECK(l->job_id == "pmix-prterun-vm-21559_1");
+  l = detect_launch(env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_MCA_ess_base_jobid", "77"}}));
+  CHECK(l->job_id == "ompi-77");
+  l = detect_launch(env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "3"}}));
+  CHECK(l->job_id == "slurm-4242.3");
+  // Hydra's environment has no job id (its PMI server gives one, see below); torchrun's is not read.
+  l = detect_launch(env({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}, {"MPI_LOCALNRANKS", "2"}, {"PMI_FD", "6"}}));
+  CHECK(l->job_id.empty());
+  l = detect_launch(env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"PMIX_NAMESPACE", "x"}}));
+  CHECK(l->job_id.empty());
+}
+
+TEST_CASE("Slurm hostlists: the first host") {
+  using chorus::slurm_first_host;
+  CHECK(slurm_first_host("node[01-04,07],gpu-[1-2]", "L") == "node01");
+  CHECK(slurm_first_host("a1,b[3-5]", "L") == "a1");
+  CHECK(slurm_first_host("gpu-[7,2-3]", "L") == "gpu-7");
+  CHECK(slurm_first_host("rack[2-3]-n[05,9]", "L") == "rack2-n05");
+  CHECK(slurm_first_host("login", "L") == "login");
+  CHECK(slurm_first_host("n[1-2],m[010-012]x", "L") == "n1");
+  for (const char* bad : {"node[01-04", "node01]", "n[]", "n[a-b]", "n[3-1]", "n[1-]", "n[1,,2]", "a,,b", ",a", "a,",
+                          "n[1[2]]"}) {
+    CAPTURE(bad);
+    try {
+      slurm_first_host(bad, "SLURM_JOB_NODELIST");
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      CHECK(mentions(e.what(), "SLURM_JOB_NODELIST='" + std::string(bad) + "'"));
+    }
+  }
+}
+
+namespace {
+
+using chorus::detail::InitMethod;
+
+/// parse_init_method("env://") over `vars`, counting the job id lookups (Hydra's PMI server).
+InitMethod env_method(std::map<std::string, std::string> vars, int* lookups = nullptr) {
+  return chorus::detail::parse_init_method("env://", env(std::move(vars)), [lookups](const chorus::LaunchInfo& l) {
+    if (lookups) ++*lookups;
+    CHECK(l.source == "mpich");
+    return std::string("hydra-kvs_21892_0_145764462_vm");
+  });
+}
+
+std::string env_refusal(std::map<std::string, std::string> vars) {
+  try {
+    env_method(std::move(vars));
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    return e.what();
+  }
+  FAIL("accepted");
+  return {};
+}
+
+const std::string kUid = std::to_string(::getuid());
+
+}  // namespace
+
+TEST_CASE("env:// under mpirun on one host without MASTER_ADDR: the job's file store") {
+  const std::map<std::string, std::string> ompi = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "3"},
+                                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"},
+                                                   {"PMIX_NAMESPACE", "952696833"}};
+  int lookups = 0;
+  auto m = env_method(ompi, &lookups);
+  CHECK(m.kind == InitMethod::Kind::file);
+  CHECK(m.job_file);
+  CHECK(m.path == "/tmp/chorus-" + kUid + "-pmix-952696833.store");
+  CHECK(lookups == 0);
+  auto with = [](std::map<std::string, std::string> vars, const std::string& k, const std::string& v) {
+    vars[k] = v;
+    return vars;
+  };
+  CHECK(env_method(with(ompi, "TMPDIR", "/scratch/me//")).path == "/scratch/me/chorus-" + kUid + "-pmix-952696833.store");
+  CHECK(env_method(with(ompi, "TMPDIR", "relative/dir")).path == "/tmp/chorus-" + kUid + "-pmix-952696833.store");
+  // MPICH/Hydra: the id comes from its PMI server.
+  const std::map<std::string, std::string> mpich = {{"PMI_RANK", "0"}, {"PMI_SIZE", "3"}, {"MPI_LOCALRANKID", "0"},
+                                                    {"MPI_LOCALNRANKS", "3"}, {"PMI_FD", "6"}};
+  m = env_method(mpich, &lookups);
+  CHECK(m.job_file);
+  CHECK(m.path == "/tmp/chorus-" + kUid + "-hydra-kvs_21892_0_145764462_vm.store");
+  CHECK(lookups == 1);
+  // With MASTER_ADDR, as before: a TCP store.
+  m = env_method(with(with(ompi, "MASTER_ADDR", "10.1.2.3"), "MASTER_PORT", "29500"));
+  CHECK(m.kind == InitMethod::Kind::tcp);
+  CHECK_FALSE(m.job_file);
+  CHECK(m.host == "10.1.2.3");
+}
+
+TEST_CASE("env:// without MASTER_ADDR across hosts, or with no launcher, says what to set") {
+  auto what = env_refusal({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                           {"PMIX_NAMESPACE", "1"}});
+  CHECK(mentions(what, "several hosts (2 of 4 here)"));
+  CHECK(mentions(what, "MASTER_ADDR"));
+  CHECK(mentions(what, "MASTER_PORT"));
+  CHECK(mentions(what, "mpirun -x MASTER_ADDR=host0"));
+  what = env_refusal({{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}, {"MPI_LOCALNRANKS", "1"}});
+  CHECK(mentions(what, "mpich job has ranks on several hosts (1 of 4 here)"));
+  CHECK(mentions(what, "mpiexec -genv MASTER_ADDR"));
+  what = env_refusal({{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}});
+  CHECK(mentions(what, "does not say how many ranks are on this host"));
+  what = env_refusal({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  CHECK(mentions(what, "MASTER_ADDR is not set"));
+  what = env_refusal({});
+  CHECK(mentions(what, "MASTER_ADDR is not set"));
+  what = env_refusal({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+  CHECK(mentions(what, "SLURM_JOB_NODELIST"));
+}
+
+TEST_CASE("env:// under srun without MASTER_ADDR: the first host of the node list") {
+  std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"},
+                                              {"SLURM_JOB_NODELIST", "node[01-04,07],gpu-[1-2]"}, {"MASTER_PORT", "29500"}};
+  auto m = env_method(slurm);
+  CHECK(m.kind == InitMethod::Kind::tcp);
+  CHECK(m.host == "node01");
+  CHECK(m.port == 29500);
+  CHECK(chorus::master_addr(env(slurm)) == std::optional<std::string>("node01"));
+  slurm["SLURM_STEP_NODELIST"] = "gpu-[2-3]";  // the step's nodes: task 0 runs on its first
+  CHECK(env_method(slurm).host == "gpu-2");
+  slurm["MASTER_ADDR"] = "head";
+  CHECK(env_method(slurm).host == "head");
+  slurm.erase("MASTER_ADDR");
+  slurm.erase("MASTER_PORT");
+  const auto what = env_refusal(slurm);
+  CHECK(mentions(what, "MASTER_PORT"));
+  CHECK(mentions(what, "gpu-2"));
+  // Only srun's ranks: torchrun inside an allocation sets MASTER_ADDR itself.
+  CHECK_FALSE(chorus::master_addr(env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_JOB_NODELIST", "n1"}})).has_value());
+}
+
+TEST_CASE("Hydra's PMI server names the job") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  std::vector<std::string> heard;
+  std::thread server([&] {  // Hydra's side, as hydra_pmi_proxy answers
+    auto line = [&] {
+      std::string l;
+      char c = 0;
+      while (::read(fds[1], &c, 1) == 1 && c != '\n') l += c;
+      return l;
+    };
+    auto say = [&](const std::string& t) { CHECK(::write(fds[1], t.data(), t.size()) == ssize_t(t.size())); };
+    heard.push_back(line());
+    say("cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n");
+    heard.push_back(line());
+    say("cmd=my_kvsname kvsname=kvs_21892_0_145764462_vm\n");
+    heard.push_back(line());
+    say("cmd=finalize_ack\n");
+  });
+  const auto name = chorus::hydra_kvs_name(env({{"PMI_FD", std::to_string(fds[0])}}));
+  server.join();
+  CHECK(name == std::optional<std::string>("kvs_21892_0_145764462_vm"));
+  CHECK(heard ==
+        std::vector<std::string>{"cmd=init pmi_version=1 pmi_subversion=1", "cmd=get_my_kvsname", "cmd=finalize"});
+  // A server that does not answer: nullopt in time, not a hang.
+  CHECK_FALSE(chorus::hydra_kvs_name(env({{"PMI_FD", std::to_string(fds[0])}}), std::chrono::milliseconds(50)).has_value());
+  CHECK_FALSE(chorus::hydra_kvs_name(env({})).has_value());
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+TEST_CASE("a job's file store: its name is gone once every rank has opened it") {
+  const auto dir = std::filesystem::temp_directory_path() / ("chorus-test-job-file-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "job.store").string();
+  constexpr int kRanks = 3;
+  std::vector<std::shared_ptr<chorus::Store>> stores(kRanks);
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        stores[r] = chorus::detail::job_file_store(path, kRanks, std::chrono::seconds(10));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < kRanks; ++r) CHECK_MESSAGE(errors[r].empty(), errors[r]);
+  CHECK_FALSE(std::filesystem::exists(path));
+  // The ranks still share the store through the open file.
+  stores[0]->set("k", "v");
+  CHECK(stores[2]->get("k", std::chrono::seconds(1)) == "v");
+  stores.clear();
+  // A rank that never comes: a timeout that names the file, which stays (nobody removed it).
+  try {
+    chorus::detail::job_file_store(path, 2, std::chrono::milliseconds(100));
+    FAIL("no timeout");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::timeout);
+    CHECK(mentions(e.what(), path));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace unit_test_launch_env

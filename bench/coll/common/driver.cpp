@@ -17,9 +17,8 @@
 /// other ranks' pid and host reach it through a gather.
 ///
 /// Launch (launch.hpp): run plainly, the program starts --nranks local ranks of itself; under
-/// torchrun (or with MASTER_ADDR/MASTER_PORT set) it joins through env://; under mpirun or srun
-/// without MASTER_ADDR, the ranks of one host meet in a file store named after the launcher's job
-/// id ($TMPDIR/chorus-bench-<uid>-<job>.store), which rank 0 removes once all have joined.
+/// torchrun, mpirun or srun it joins through env://, where the rendezvous finds the store
+/// without MASTER_ADDR on one host (mpirun) or from Slurm's node list (srun).
 ///
 /// Out-of-place and in-place buffers follow nccl-tests: in place, the input sits at
 /// recv + rank * layout.send_in_place and the output at recv + rank * layout.recv_in_place.
@@ -273,10 +272,8 @@ int perf_main(const Collective& d, int argc, char** argv) {
   int rank = -1;
   try {
     if (!launched_by_launcher()) return launch_local(settings.nranks, argc, argv);
-    JobStore store;
-    Comm comm = Comm::create(store.options(settings));
+    Comm comm = Comm::create(job_options(settings));
     rank = comm.rank();
-    store.joined(comm);
     return Driver(d, comm, settings, program).run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: rank %d: %s\n", program.c_str(), rank, e.what());

@@ -3,9 +3,21 @@
 /// (messages on the critical path) x alpha + (bytes on the critical path) x beta, with alpha and
 /// beta per transport (TransportModel). CHORUS_ALGO forces an algorithm, CHORUS_CHUNK_BYTES the
 /// slice size; both are validated, and the choice is logged at INFO.
+///
+/// A forced algorithm chooses among the algorithms of the collectives that have several:
+///   all_reduce  ring, tree, recursive_doubling, one_shot (the communicator runs one_shot itself)
+///   broadcast   binomial, chain (tree: the binomial tree)
+///   reduce      binomial, ring (tree: the binomial tree)
+/// Forcing one of these collectives to an algorithm it lacks is an invalid_argument error that
+/// names the collective and its algorithms (check_forced). The other collectives have one
+/// algorithm each and run it whatever is forced: all_gather and reduce_scatter ring, gather and
+/// scatter direct, all_to_all pairwise, barrier and split dissemination. The library calls some of
+/// them itself (split runs an all_gather and a barrier), so a job-wide CHORUS_ALGO must not fail them.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -88,11 +100,42 @@ struct Overrides {
   }
 };
 
+/// The algorithms `kind` can be forced to, or an empty list where it has one algorithm and takes
+/// no override (see the top of this file).
+inline std::span<const Algorithm> forcible_algorithms(CollectiveKind kind) noexcept {
+  static constexpr Algorithm kAllReduce[] = {Algorithm::ring, Algorithm::tree, Algorithm::recursive_doubling,
+                                             Algorithm::one_shot};
+  static constexpr Algorithm kBroadcast[] = {Algorithm::binomial, Algorithm::chain, Algorithm::tree};
+  static constexpr Algorithm kReduce[] = {Algorithm::binomial, Algorithm::ring, Algorithm::tree};
+  switch (kind) {
+    case CollectiveKind::all_reduce: return kAllReduce;
+    case CollectiveKind::broadcast: return kBroadcast;
+    case CollectiveKind::reduce: return kReduce;
+    default: return {};
+  }
+}
+
+/// Throws invalid_argument when `o` forces `kind` to an algorithm it does not have, e.g.
+/// "CHORUS_ALGO=ring: broadcast has no ring algorithm; it has binomial, chain, tree".
+inline void check_forced(CollectiveKind kind, const Overrides& o) {
+  if (o.algorithm == Algorithm::automatic) return;
+  const auto have = forcible_algorithms(kind);
+  if (have.empty() || std::find(have.begin(), have.end(), o.algorithm) != have.end()) return;
+  std::string names;
+  for (Algorithm a : have) names += (names.empty() ? "" : ", ") + std::string(to_string(a));
+  throw Error(ErrorCode::invalid_argument, "CHORUS_ALGO (Options::algorithm) = " + std::string(to_string(o.algorithm)) +
+                                               ": " + std::string(to_string(kind)) + " has no " +
+                                               std::string(to_string(o.algorithm)) + " algorithm; it has " + names +
+                                               " (or auto)");
+}
+
 /// Slices: the transport's (TransportModel::slice), or the override.
 inline std::size_t slice_bytes(const TransportModel& m, const Overrides& o) { return o.slice_bytes != 0 ? o.slice_bytes : m.slice; }
 
-/// The algorithms each collective has, and the model's pick.
+/// The algorithms each collective has, and the model's pick; a forced algorithm that `kind` lacks
+/// throws (check_forced).
 inline Choice select(CollectiveKind kind, std::size_t bytes, int n, const TransportModel& m, const Overrides& o) {
+  check_forced(kind, o);
   const double P = n, B = static_cast<double>(bytes);
   Algorithm pick = Algorithm::automatic;
   switch (kind) {

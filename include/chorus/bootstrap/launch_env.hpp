@@ -14,7 +14,25 @@
 /// RANK next to SLURM_PROCID; mpirun inside an allocation sets OMPI_* next to SLURM_*).
 /// A launcher counts as present when its rank or its size variable is set; then both must be
 /// set and parse, with 0 <= rank < size, else invalid_argument naming the variable.
+///
+/// Where the ranks meet when MASTER_ADDR is not set (the rendezvous decides, see
+/// impl/rendezvous.hpp) needs two more facts from the launcher, read here:
+///   * the job's id, the same on every rank of one run and different between runs: Open MPI sets
+///     PMIX_NAMESPACE (4 and 5) and OMPI_MCA_ess_base_jobid (4); Slurm SLURM_JOB_ID and
+///     SLURM_STEP_ID. MPICH's Hydra sets none in the environment: its PMI server tells each rank
+///     the job's KVS name ("kvs_<pid>_<n>_<random>_<host>") over the socket PMI_FD names
+///     (hydra_kvs_name).
+///   * rank 0's host under Slurm: the first host of SLURM_STEP_NODELIST (srun puts task 0
+///     there), else of SLURM_JOB_NODELIST, in Slurm's hostlist syntax (slurm_first_host).
 
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -31,10 +49,144 @@ struct LaunchInfo {
   int local_rank = -1;  ///< -1 when the launcher does not say
   int local_size = -1;  ///< -1 when the launcher does not say
   std::string source;   ///< "torchrun", "openmpi", "mpich", "slurm"
+  /// The launcher's id for this run, from its variables (see the top of this file), with the
+  /// characters a file name cannot hold replaced by '_'; "" when the variables carry none.
+  std::string job_id;
 };
 
 /// Reads a variable: nullopt when unset or empty (like detail::env_string).
 using GetEnv = std::function<std::optional<std::string>(const char*)>;
+
+namespace detail {
+
+/// `s` with every character other than [A-Za-z0-9._-] replaced by '_': safe in a file name.
+inline std::string file_name_safe(std::string s) {
+  for (char& c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_')) c = '_';
+  return s;
+}
+
+}  // namespace detail
+
+/// The job id a launcher's variables carry (LaunchInfo::job_id), "" when none.
+inline std::string launch_job_id(std::string_view source, const GetEnv& getenv) {
+  if (source == "openmpi") {
+    if (auto v = getenv("PMIX_NAMESPACE")) return detail::file_name_safe("pmix-" + *v);
+    if (auto v = getenv("OMPI_MCA_ess_base_jobid")) return detail::file_name_safe("ompi-" + *v);
+  } else if (source == "slurm") {
+    if (auto v = getenv("SLURM_JOB_ID"))
+      return detail::file_name_safe("slurm-" + *v + "." + getenv("SLURM_STEP_ID").value_or("0"));
+  }
+  return {};
+}
+
+/// The first host of a Slurm hostlist ("node[01-04,07],gpu-[1-2]" -> "node01", "a1,b[3-5]" ->
+/// "a1", "rack[2-3]-n[5,9]" -> "rack2-n5"), keeping the digits as written (zero padding). The
+/// whole list is checked: brackets that do not pair, an empty item or range, a range that is not
+/// "digits" or "lo-hi" with lo <= hi is invalid_argument naming `what` (the variable).
+inline std::string slurm_first_host(std::string_view list, std::string_view what) {
+  auto bad = [&](const std::string& why) {
+    return Error(ErrorCode::invalid_argument,
+                 std::string(what) + "='" + std::string(list) + "' is not a Slurm hostlist: " + why);
+  };
+  auto digits = [](std::string_view t) {
+    return !t.empty() && t.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  std::string first;
+  bool in_first = true;  // still in the list's first item
+  std::size_t item_chars = 0;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const char c = list[i];
+    if (c == ',') {
+      if (item_chars == 0) throw bad("an empty host name");
+      in_first = false;
+      item_chars = 0;
+      continue;
+    }
+    ++item_chars;
+    if (c == ']') throw bad("']' without '['");
+    if (c != '[') {
+      if (in_first) first += c;
+      continue;
+    }
+    const std::size_t close = list.find(']', i);
+    if (close == std::string_view::npos) throw bad("'[' without ']'");
+    const std::string_view ranges = list.substr(i + 1, close - i - 1);
+    if (ranges.find('[') != std::string_view::npos) throw bad("nested '['");
+    std::size_t start = 0;
+    for (;;) {  // "lo-hi" or "n", comma-separated
+      const std::size_t end = std::min(ranges.find(',', start), ranges.size());
+      const std::string_view r = ranges.substr(start, end - start);
+      const std::size_t dash = r.find('-');
+      const std::string_view lo = r.substr(0, dash), hi = dash == std::string_view::npos ? lo : r.substr(dash + 1);
+      if (!digits(lo) || !digits(hi)) throw bad("'[" + std::string(ranges) + "]' holds a range that is not n or lo-hi");
+      constexpr std::int64_t kMaxIndex = 999'999'999'999'999'999;
+      if (lo.size() > 18 || hi.size() > 18 ||
+          detail::parse_int(lo, what, 0, kMaxIndex) > detail::parse_int(hi, what, 0, kMaxIndex))
+        throw bad("the range '" + std::string(r) + "'");
+      if (in_first && start == 0) first += lo;
+      if (end == ranges.size()) break;
+      start = end + 1;
+    }
+    i = close;
+  }
+  if (item_chars == 0) throw bad("an empty host name");
+  return first;
+}
+
+/// Rank 0's host under Slurm, or nullopt when no node list is set (see the top of this file).
+inline std::optional<std::string> slurm_master_host(const GetEnv& getenv) {
+  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})
+    if (auto v = getenv(name)) return slurm_first_host(*v, name);
+  return std::nullopt;
+}
+
+/// The KVS name Hydra's PMI-1 server gives this rank, over the connected socket PMI_FD names:
+/// "cmd=init", "cmd=get_my_kvsname", then "cmd=finalize" (Hydra takes a rank that exits after
+/// init without finalize for a failed one, and kills the job's other ranks). Nullopt when PMI_FD
+/// is not set or the server does not answer within `timeout`. (A program that also calls
+/// MPI_Init under mpiexec should set MASTER_ADDR, so that this exchange does not come first.)
+inline std::optional<std::string> hydra_kvs_name(const GetEnv& getenv,
+                                                 std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto fd_text = getenv("PMI_FD");
+  if (!fd_text) return std::nullopt;
+  const int fd = static_cast<int>(detail::parse_int(*fd_text, "PMI_FD", 0, 1 << 20));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // One request, one line of answer.
+  auto ask = [&](std::string_view request) -> std::optional<std::string> {
+    while (!request.empty()) {
+      const ssize_t w = ::write(fd, request.data(), request.size());
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return std::nullopt;
+      request.remove_prefix(static_cast<std::size_t>(w));
+    }
+    std::string line;
+    while (line.empty() || line.back() != '\n') {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd p{fd, POLLIN, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) return std::nullopt;
+      char c = 0;  // a byte at a time: nothing past the answer's newline is taken from the socket
+      const ssize_t r = ::read(fd, &c, 1);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return std::nullopt;
+      line += c;
+    }
+    return line;
+  };
+  const auto init = ask("cmd=init pmi_version=1 pmi_subversion=1\n");
+  if (!init || init->find("rc=0") == std::string::npos) return std::nullopt;
+  const auto answer = ask("cmd=get_my_kvsname\n");
+  constexpr std::string_view kKey = "kvsname=";
+  const auto at = answer ? answer->find(kKey) : std::string::npos;
+  if (at == std::string::npos) return std::nullopt;
+  const std::size_t from = at + kKey.size();
+  const std::string name = answer->substr(from, answer->find_first_of(" \n", from) - from);
+  const auto fin = ask("cmd=finalize\n");
+  if (name.empty() || !fin || fin->find("finalize_ack") == std::string::npos) return std::nullopt;
+  return name;
+}
 
 /// The launch described by the variables `getenv` returns (injectable for tests), or nullopt
 /// when no known launcher's variables are set.
@@ -78,8 +230,18 @@ inline std::optional<LaunchInfo> detect_launch(const GetEnv& getenv) {
         throw Error(ErrorCode::invalid_argument, std::string(l.local_rank) + "=" + *lr + " is out of range for " +
                                                      l.local_size + "=" + std::to_string(info.local_size));
     }
+    info.job_id = launch_job_id(info.source, getenv);
     return info;
   }
+  return std::nullopt;
+}
+
+/// MASTER_ADDR, else under srun (Slurm the launcher) the first host of the node list; nullopt
+/// when neither. The rendezvous's store and the tcp links' listen address both start from it.
+inline std::optional<std::string> master_addr(const GetEnv& getenv) {
+  if (auto a = getenv("MASTER_ADDR")) return a;
+  const auto launch = detect_launch(getenv);
+  if (launch && launch->source == "slurm") return slurm_master_host(getenv);
   return std::nullopt;
 }
 

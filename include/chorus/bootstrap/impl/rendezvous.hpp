@@ -5,8 +5,13 @@
 ///   1. Options::apply_env(); rank and world size from Options, else from the launcher
 ///      (launch_env.hpp). Neither: invalid_argument.
 ///   2. The store: Options::store, else from init_method:
-///        "" or "env://"     MASTER_ADDR (required) and MASTER_PORT (required): rank 0 serves a
-///                           TcpStore bound to MASTER_ADDR:MASTER_PORT, the others connect;
+///        "" or "env://"     MASTER_ADDR and MASTER_PORT: rank 0 serves a TcpStore bound to
+///                           MASTER_ADDR:MASTER_PORT, the others connect. Without MASTER_ADDR:
+///                           under srun, MASTER_ADDR is the first host of the step's node list
+///                           (MASTER_PORT still required); under mpirun (Open MPI, MPICH) with
+///                           every rank on this host, a FileStore in $TMPDIR (else /tmp) named
+///                           after the launcher's job id (job_file_store); otherwise
+///                           invalid_argument saying what to set;
 ///        "tcp://host:port"  the same with host and port from the URL (IPv6: tcp://[::1]:29500);
 ///        "file:///path"     a FileStore on that path (a fresh path per job).
 ///      TcpStores use Options::job_token for their handshake and Options::timeout as bound.
@@ -26,6 +31,9 @@
 ///      addresses there without colliding with other generations. Bootstrap::options has the
 ///      resolved rank and world size and Options::store = the unprefixed store.
 
+#include <unistd.h>
+
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -47,22 +55,72 @@ struct InitMethod {
   std::string host;  ///< tcp: without brackets
   std::uint16_t port = 0;
   std::string path;  ///< file
+  /// file: the store of a one-host mpirun job without MASTER_ADDR (job_file_store), whose name
+  /// the ranks remove once every one has opened it.
+  bool job_file = false;
 };
 
-/// Parses init_method; env:// reads MASTER_ADDR and MASTER_PORT through `getenv`.
-inline InitMethod parse_init_method(const std::string& method, const GetEnv& getenv) {
+/// The job id where a launcher's variables carry none: MPICH/Hydra's KVS name (asked of its PMI
+/// server), else the parent's pid (mpirun, orted or hydra_pmi_proxy started every rank of this
+/// host; not so when the ranks are wrapper scripts that do not exec the program).
+inline std::string fallback_job_id(const LaunchInfo& launch) {
+  if (launch.source == "mpich")
+    if (auto kvs = hydra_kvs_name(GetEnv(&env_string))) return file_name_safe("hydra-" + *kvs);
+  return "ppid-" + std::to_string(::getppid());
+}
+using JobIdLookup = std::function<std::string(const LaunchInfo&)>;
+
+/// env:// without MASTER_ADDR nor a Slurm node list to take it from (master_addr). Under mpirun
+/// with every rank on this host: a file store, $TMPDIR/chorus-<uid>-<job id>.store (TMPDIR when
+/// absolute, else /tmp). Otherwise nothing stands in for MASTER_ADDR: invalid_argument saying
+/// what to set.
+inline InitMethod job_file_or_refusal(const GetEnv& getenv, const JobIdLookup& job_id_lookup) {
+  const auto launch = detect_launch(getenv);
+  const bool mpi = launch && (launch->source == "openmpi" || launch->source == "mpich");
+  if (mpi && launch->local_size == launch->world_size) {
+    std::string dir = getenv("TMPDIR").value_or("/tmp");
+    if (dir.front() != '/') dir = "/tmp";  // file:// takes an absolute path
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    InitMethod m;
+    m.kind = InitMethod::Kind::file;
+    m.path = dir + "/chorus-" + std::to_string(::getuid()) + "-" +
+             (launch->job_id.empty() ? job_id_lookup(*launch) : launch->job_id) + ".store";
+    m.job_file = true;
+    return m;
+  }
+  std::string why = "MASTER_ADDR is not set";
+  if (mpi && launch->local_size > 0)
+    why = "this " + launch->source + " job has ranks on several hosts (" + std::to_string(launch->local_size) + " of " +
+          std::to_string(launch->world_size) + " here), which cannot meet in a file on one host, and MASTER_ADDR is not set";
+  else if (mpi)
+    why = "the " + launch->source + " launcher does not say how many ranks are on this host, and MASTER_ADDR is not set";
+  else if (launch && launch->source == "slurm")
+    why = "MASTER_ADDR is not set, nor is SLURM_STEP_NODELIST or SLURM_JOB_NODELIST to take it from";
+  throw Error(ErrorCode::invalid_argument,
+              "init_method env:// needs MASTER_ADDR (rank 0's host) and MASTER_PORT (a free port there) on every "
+              "rank: " + why + ". Set both (torchrun does; mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500, "
+              "mpiexec -genv MASTER_ADDR host0 -genv MASTER_PORT 29500, export for srun), or use init_method "
+              "file:///path on a file system every rank shares");
+}
+
+/// Parses init_method; env:// reads MASTER_ADDR and MASTER_PORT through `getenv` and, without
+/// MASTER_ADDR, the launcher's variables (master_addr, job_file_or_refusal; `job_id_lookup` is
+/// asked for the job id when they carry none).
+inline InitMethod parse_init_method(const std::string& method, const GetEnv& getenv,
+                                    const JobIdLookup& job_id_lookup = &fallback_job_id) {
   InitMethod m;
   auto parse_port = [](const std::string& text, const std::string& what) {
     return static_cast<std::uint16_t>(parse_int(text, what, 1, 65535));
   };
   if (method.empty() || method == "env://") {
-    auto addr = getenv("MASTER_ADDR");
-    if (!addr)
-      throw Error(ErrorCode::invalid_argument,
-                  "init_method env:// needs MASTER_ADDR (the address of rank 0's store) and MASTER_PORT; "
-                  "MASTER_ADDR is not set");
+    auto addr = master_addr(getenv);
+    if (!addr) return job_file_or_refusal(getenv, job_id_lookup);
     auto port = getenv("MASTER_PORT");
-    if (!port) throw Error(ErrorCode::invalid_argument, "init_method env:// needs MASTER_PORT; it is not set");
+    if (!port)
+      throw Error(ErrorCode::invalid_argument,
+                  "init_method env:// needs MASTER_PORT; it is not set" +
+                      (getenv("MASTER_ADDR") ? std::string()
+                                             : " (MASTER_ADDR defaults to " + *addr + ", the first host of Slurm's node list)"));
     m.host = *addr;
     if (m.host.size() >= 2 && m.host.front() == '[' && m.host.back() == ']') m.host = m.host.substr(1, m.host.size() - 2);
     m.port = parse_port(*port, "MASTER_PORT");
@@ -148,8 +206,32 @@ inline JobNonce nonce_from_hex(const std::string& s, const ErrorContext& ctx) {
   return n;
 }
 
-inline std::shared_ptr<Store> make_store(const Options& o, int rank) {
+/// A job's own file store (InitMethod::job_file): every rank opens it and counts itself in; the
+/// last to arrive removes the file's name, which the ranks keep open, so no later job finds a stale
+/// store under its id. Every rank waits for the removal, so none goes on (and could open the
+/// name again for another communicator) before it.
+inline std::shared_ptr<Store> job_file_store(const std::string& path, int size, std::chrono::milliseconds timeout) {
+  auto store = std::make_shared<FileStore>(path, timeout);
+  const std::string removed = "chorus/job_file/removed";
+  if (store->add("chorus/job_file/opened", 1) == size) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) throw system_error({}, "unlink(" + path + ")");
+    store->set(removed, "1");
+  }
+  try {
+    store->wait({removed}, timeout);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::timeout) throw;
+    throw Error(ErrorCode::timeout,
+                "not all " + std::to_string(size) + " ranks opened the job's file store " + path + " within " +
+                    std::to_string(timeout.count()) + " ms: did they all start? (A file left by an earlier job "
+                    "with the same id would do this too: remove it.)");
+  }
+  return store;
+}
+
+inline std::shared_ptr<Store> make_store(const Options& o, int rank, int size) {
   const auto m = parse_init_method(o.init_method, GetEnv(&env_string));
+  if (m.job_file) return job_file_store(m.path, size, o.timeout);
   if (m.kind == InitMethod::Kind::file) return std::make_shared<FileStore>(m.path, o.timeout);
   // CHORUS_AGENT_STORE=1: the launcher hosts the store (chorus::launch_local), rank 0 is a client.
   bool agent_store = false;
@@ -167,7 +249,7 @@ inline Bootstrap rendezvous(Options options) {
   options.apply_env();
   const auto [rank, size] = detail::resolve_rank_and_size(options, GetEnv(&detail::env_string));
   ErrorContext ctx{rank, -1, "rendezvous"};
-  std::shared_ptr<Store> store = options.store ? options.store : detail::make_store(options, rank);
+  std::shared_ptr<Store> store = options.store ? options.store : detail::make_store(options, rank, size);
 
   const std::int64_t gen = store->add("chorus/rank" + std::to_string(rank) + "/rendezvous", 1);
   const std::string prefix = "chorus/g" + std::to_string(gen) + "/";

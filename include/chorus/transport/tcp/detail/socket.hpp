@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "chorus/bootstrap/launch_env.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/detail/asio.hpp"
 #include "chorus/detail/env.hpp"
@@ -44,7 +45,8 @@ inline asio::ip::address interface_address(const std::string& ifname) {
               "CHORUS_SOCKET_IFNAME='" + ifname + "': no interface of that name with an IP address");
 }
 
-/// The host ranks rendezvous at: from tcp://host:port, else MASTER_ADDR; nullopt when neither.
+/// The host ranks rendezvous at: from tcp://host:port, else MASTER_ADDR (or its default under
+/// srun, chorus::master_addr); nullopt when neither.
 inline std::optional<std::string> master_host(const Options& o) {
   std::string m = o.init_method;
   if (m.rfind("tcp://", 0) == 0) {
@@ -52,7 +54,7 @@ inline std::optional<std::string> master_host(const Options& o) {
     if (!hp.empty() && hp[0] == '[') return hp.substr(1, hp.find(']') - 1);
     return hp.substr(0, hp.rfind(':'));
   }
-  if (m.empty() || m == "env://") return chorus::detail::env_string("MASTER_ADDR");
+  if (m.empty() || m == "env://") return chorus::master_addr(GetEnv(&chorus::detail::env_string));
   return std::nullopt;
 }
 
