@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -133,34 +134,32 @@ class FlightRecorder {
   /// The dump: a header naming the communicator and `reason`, then one line per kept call.
   std::string dump(std::string_view reason) const {
     const std::int64_t now = now_ns();
-    std::string s = "chorus flight recorder: rank " + std::to_string(rank_) + " of " + std::to_string(members_.size()) +
-                    " (job ranks";
-    for (std::size_t i = 0; i < members_.size(); ++i) s += (i ? "," : " ") + std::to_string(members_[i]);
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
-    s += "), context " + std::to_string(context_) + ", host " + host + ", pid " + std::to_string(::getpid()) + ", at " +
-         wall(now) + "; " + std::string(reason) + "\n";
-    s += "  calls entered " + std::to_string(entered()) + ", completed " + std::to_string(completed()) + "; the last " +
-         std::to_string(capacity()) + " kept:\n";
+    std::ostringstream os;
+    os << "chorus flight recorder: rank " << rank_ << " of " << members_.size() << " (job ranks";
+    for (std::size_t i = 0; i < members_.size(); ++i) os << (i ? "," : " ") << members_[i];
+    os << "), context " << context_ << ", host " << host << ", pid " << ::getpid() << ", at " << wall(now) << "; "
+       << reason << "\n";
+    os << "  calls entered " << entered() << ", completed " << completed() << "; the last " << capacity() << " kept:\n";
     for (const Record& r : snapshot()) {
-      s += "  #" + std::to_string(r.desc.seq) + " " + std::string(to_string(r.desc.kind));
+      os << "  #" << r.desc.seq << ' ' << to_string(r.desc.kind);
       if (r.desc.kind != CollectiveKind::barrier) {
-        s += " " + std::string(to_string(r.desc.dtype));
+        os << ' ' << to_string(r.desc.dtype);
         if (r.desc.kind == CollectiveKind::all_reduce || r.desc.kind == CollectiveKind::reduce ||
             r.desc.kind == CollectiveKind::reduce_scatter)
-          s += " " + std::string(to_string(r.desc.op));
-        s += " count " + std::to_string(r.desc.count);
+          os << ' ' << to_string(r.desc.op);
+        os << " count " << r.desc.count;
       }
-      if (r.desc.root >= 0) s += " root " + std::to_string(r.desc.root);
-      s += " algorithm " + std::string(to_string(r.algorithm)) + ": " + std::string(to_string(r.state));
-      s += ", queued " + wall(r.queued_ns);
-      if (r.started_ns) s += ", started +" + ms(r.started_ns - r.queued_ns);
-      if (r.ended_ns) s += ", ran " + ms(r.ended_ns - r.started_ns);
-      else if (r.started_ns) s += ", running for " + ms(now - r.started_ns);
-      else s += ", waiting for " + ms(now - r.queued_ns);
-      s += "\n";
+      if (r.desc.root >= 0) os << " root " << r.desc.root;
+      os << " algorithm " << to_string(r.algorithm) << ": " << to_string(r.state) << ", queued " << wall(r.queued_ns);
+      if (r.started_ns) os << ", started +" << ms(r.started_ns - r.queued_ns);
+      if (r.ended_ns) os << ", ran " << ms(r.ended_ns - r.started_ns);
+      else if (r.started_ns) os << ", running for " << ms(now - r.started_ns);
+      else os << ", waiting for " << ms(now - r.queued_ns);
+      os << '\n';
     }
-    return s;
+    return os.str();
   }
 
   int rank() const { return rank_; }

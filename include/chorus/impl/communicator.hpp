@@ -369,8 +369,11 @@ struct Communicator<T>::State {
     }
     std::string s = late.empty() ? "; every rank has entered " + call + " (a link may be stuck)" : late;
     if (!inside.empty()) {
-      s += "; in it: rank";
-      for (std::size_t i = 0; i < inside.size(); ++i) s += (i ? ", " : (inside.size() > 1 ? "s " : " ")) + std::to_string(inside[i]);
+      s += inside.size() > 1 ? "; in it: ranks" : "; in it: rank";
+      for (std::size_t i = 0; i < inside.size(); ++i) {
+        s += i ? ", " : " ";
+        s += std::to_string(inside[i]);
+      }
     }
     return s;
   }
