@@ -80,19 +80,14 @@ class FlightRecorder {
   void finished(std::uint64_t seq, bool ok) {
     Entry& e = slot(seq);
     if (e.w[kSeq].load(std::memory_order_relaxed) != seq + 1) return;
-    const std::uint64_t v = e.version.fetch_add(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
+    const std::uint64_t v = begin_write(e);
     const std::uint64_t packed = e.w[kPacked].load(std::memory_order_relaxed);
     e.w[kPacked].store((packed & ~(0xffull << 32)) |
                            (std::uint64_t(ok ? CallState::completed : CallState::failed) << 32),
                        std::memory_order_relaxed);
     e.w[kEnded].store(static_cast<std::uint64_t>(now_ns()), std::memory_order_relaxed);
     e.version.store(v + 2, std::memory_order_release);
-    if (ok) {
-      std::uint64_t c = completed_.load(std::memory_order_relaxed);
-      while (c < seq + 1 && !completed_.compare_exchange_weak(c, seq + 1, std::memory_order_relaxed)) {
-      }
-    }
+    if (ok && completed_.load(std::memory_order_relaxed) < seq + 1) completed_.store(seq + 1, std::memory_order_relaxed);
   }
 
   /// Calls that have started running (the highest sequence number + 1), and that completed.
@@ -182,10 +177,20 @@ class FlightRecorder {
 
   Entry& slot(std::uint64_t seq) { return entries_[seq % entries_.size()]; }
 
+  /// Marks `e` as being written (odd version) and returns the version before. Plain loads and
+  /// stores, no locked instruction: calls are recorded one at a time (a queued call's entry and
+  /// the running call's are different entries unless more than capacity() calls are queued, when
+  /// a dump may skip the torn entry).
+  static std::uint64_t begin_write(Entry& e) {
+    const std::uint64_t v = e.version.load(std::memory_order_relaxed) | 1;
+    e.version.store(v, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    return v - 1;
+  }
+
   void write(const CollectiveDesc& d, Algorithm a, CallState st, std::int64_t queued, std::int64_t started) {
     Entry& e = slot(d.seq);
-    const std::uint64_t v = e.version.fetch_add(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
+    const std::uint64_t v = begin_write(e);
     e.w[kSeq].store(d.seq + 1, std::memory_order_relaxed);
     e.w[kCount].store(d.count, std::memory_order_relaxed);
     e.w[kPacked].store(std::uint64_t(static_cast<std::uint8_t>(d.kind)) | std::uint64_t(static_cast<std::uint8_t>(d.dtype)) << 8 |
