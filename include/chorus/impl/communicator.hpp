@@ -99,13 +99,15 @@ class Herald : public std::enable_shared_from_this<Herald<T>> {
     return true;
   }
 
-  /// After a start() that returned true: waits until every notice has left or failed (each bound
-  /// by the timeout). The last one's completion aborts the transport, possibly a moment after
-  /// this returns (a request wakes its waiter before it runs its callback).
-  void wait() {
+  /// After a start() that returned true: waits until every notice has left or failed, or until
+  /// `deadline` (a failure path's own short bound: a peer that cannot be reached must not hold
+  /// the others for the whole timeout). The last one's completion aborts the transport, possibly
+  /// a moment after this returns (a request wakes its waiter before it runs its callback); the
+  /// caller aborts it anyway.
+  void wait(std::chrono::steady_clock::time_point deadline) {
     for (auto& s : sends_) {
       try {
-        s.wait();
+        if (!s.state()->wait_before(deadline)) return;  // the caller's abort fails what is left
       } catch (...) {  // that peer is gone already
       }
     }
@@ -334,11 +336,12 @@ struct Communicator<T>::State {
                         std::chrono::system_clock::now().time_since_epoch()).count();
     boot.store->set_within(progress_key(group.rank), "entered " + std::to_string(recorder->entered()) + " completed " +
                                                   std::to_string(recorder->completed()) + " at " + std::to_string(ms),
-                           store_bound());
+                           failure_bound());
   }
 
-  /// The bound of each store call on a failure path: a few seconds, never more than the timeout.
-  std::chrono::milliseconds store_bound() const {
+  /// The bound of each call on a failure path (store calls, notices): a few seconds, never more
+  /// than the timeout.
+  std::chrono::milliseconds failure_bound() const {
     return std::min<std::chrono::milliseconds>(boot.options.timeout, std::chrono::seconds(3));
   }
 
@@ -367,8 +370,8 @@ struct Communicator<T>::State {
         std::uint64_t entered = 0, completed = 0;
         std::int64_t at = 0;
         bool known = false;
-        if (boot.store->check_within({progress_key(p)}, store_bound())) {
-          std::istringstream in(boot.store->get(progress_key(p), store_bound()));
+        if (boot.store->check_within({progress_key(p)}, failure_bound())) {
+          std::istringstream in(boot.store->get(progress_key(p), failure_bound()));
           std::string w1, w2, w3;
           known = static_cast<bool>(in >> w1 >> entered >> w2 >> completed >> w3 >> at) && w1 == "entered";
         }
@@ -424,7 +427,7 @@ struct Communicator<T>::State {
       blob.append(reinterpret_cast<const char*>(&r.desc), sizeof(algo::CollectiveDesc));
     // A stall may be the store's host gone too: each call is bounded by a few seconds, and a
     // store that does not answer only means no cross-check; the links then name the lost peer.
-    const auto bound = store_bound();
+    const auto bound = failure_bound();
     std::vector<std::string> published(static_cast<std::size_t>(group.size()));
     try {
       publish_progress();
@@ -455,7 +458,7 @@ struct Communicator<T>::State {
   /// once its notices have left, and aborting here would cut them off.
   void spread(const Error& e) {
     if (!herald->start(e)) return;
-    herald->wait();
+    herald->wait(std::chrono::steady_clock::now() + failure_bound());
     transport->abort(e);  // so that it has happened before the caller throws (abort is idempotent)
   }
 };
