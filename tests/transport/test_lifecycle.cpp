@@ -380,4 +380,31 @@ TEST_CASE_TEMPLATE("lifecycle: memory_stats reports what a communicator holds", 
   });
 }
 
+// CHORUS_MAX_BUFFERED_BYTES=40K: rank 1 sends three 16 KiB messages that rank 0 has not asked
+// for; the third would take rank 0 past the cap, so its link fails with `system` naming the
+// variable (instead of growing), rank 0's next receive says so, and rank 1 sees peer_failure.
+TEST_CASE_TEMPLATE("lifecycle: early messages past CHORUS_MAX_BUFFERED_BYTES fail the link, never grow", M, TcpProcesses,
+                   ShmProcesses) {
+  run_ranks<M>(
+      2,
+      [](int rank, chorus::Options o) {
+        auto store = o.store;
+        auto comm = chorus::Communicator<typename M::Transport>::create(std::move(o));
+        std::vector<std::byte> b(16 << 10);
+        if (rank == 1) {
+          for (int tag = 1; tag <= 3; ++tag) comm.isend(b, 0, tag);
+          store->set("test/sent", "1");
+          store->get("test/checked", kTimeout);
+          expect_error(ErrorCode::peer_failure, [&] { comm.recv(b, 0, 7); }, "rank 1's receive from rank 0");
+        } else {
+          store->get("test/sent", kTimeout);
+          auto e = expect_error(ErrorCode::system, [&] { comm.recv(b, 1, 99); }, "rank 0's receive after the flood");
+          expect(contains(e.what(), "CHORUS_MAX_BUFFERED_BYTES"), std::string("the error names the variable: ") + e.what());
+          expect(comm.memory_stats().transport_bytes < (std::size_t(1) << 30), "bounded");
+          store->set("test/checked", "1");
+        }
+      },
+      kTimeout, {{"CHORUS_MAX_BUFFERED_BYTES", "40K"}});
+}
+
 }  // namespace transport_test_lifecycle

@@ -20,20 +20,54 @@
 #include <boost/circular_buffer.hpp>
 
 #include "chorus/core/concepts.hpp"
+#include "chorus/detail/env.hpp"
 
 namespace chorus::detail {
 
-/// A byte count that one thread at a time changes (under its link's lock or drive token) and any
-/// thread may read (Communicator::memory_stats()): relaxed atomic loads and stores, no locked
-/// instruction on the link's path.
+/// Bytes of early messages (eager messages that arrived before their receives) that this process
+/// holds, every link of every communicator together, and the cap on them
+/// (CHORUS_MAX_BUFFERED_BYTES, default 1 GiB). Past the cap, inproc sends wait for their receives
+/// instead of being copied; a tcp or shm link that receives one more early message fails with
+/// `system` naming the variable (the peer sees its link close): memory never grows without
+/// bound, and nothing hangs. Each link also stops reading past 64 MiB of its own early messages.
+inline std::atomic<std::size_t>& buffered_total() {
+  static std::atomic<std::size_t> total{0};
+  return total;
+}
+inline std::size_t buffered_cap() {
+  static const std::size_t cap = [] {
+    const auto v = env_string("CHORUS_MAX_BUFFERED_BYTES");
+    return v ? static_cast<std::size_t>(parse_bytes(*v, "CHORUS_MAX_BUFFERED_BYTES")) : std::size_t(1) << 30;
+  }();
+  return cap;
+}
+/// True when `more` bytes more would take the process past buffered_cap().
+inline bool over_buffered_cap(std::size_t more) {
+  return buffered_total().load(std::memory_order_relaxed) + more > buffered_cap();
+}
+inline std::string buffered_cap_error(std::size_t more) {
+  return "an early message of " + std::to_string(more) + " bytes would take the messages that wait for their receives in this process past " +
+         std::to_string(buffered_cap()) + " bytes (CHORUS_MAX_BUFFERED_BYTES)";
+}
+
+/// A link's bytes of early messages: one thread at a time changes it (under its link's lock or
+/// drive token) and any thread may read it (Communicator::memory_stats()); each change is also
+/// counted in buffered_total(), and what is left is taken off it when the link goes.
 class ByteGauge {
  public:
+  ByteGauge() = default;
+  ByteGauge(const ByteGauge&) = delete;
+  ByteGauge& operator=(const ByteGauge&) = delete;
+  ~ByteGauge() { buffered_total().fetch_sub(v_.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+
   ByteGauge& operator+=(std::size_t n) {
     v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    buffered_total().fetch_add(n, std::memory_order_relaxed);
     return *this;
   }
   ByteGauge& operator-=(std::size_t n) {
     v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
+    buffered_total().fetch_sub(n, std::memory_order_relaxed);
     return *this;
   }
   operator std::size_t() const { return v_.load(std::memory_order_relaxed); }

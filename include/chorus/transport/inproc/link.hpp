@@ -1,7 +1,8 @@
 #pragma once
 /// inproc::Link: a peer that is another thread of this process. Messages of up to kEagerBytes are
 /// copied at send time (the send completes at once) while at most kMaxUnexpectedBytes of such
-/// copies wait for their receives on the link; larger ones, and those past that cap, wait for the
+/// copies wait for their receives on the link (and the process holds less than
+/// CHORUS_MAX_BUFFERED_BYTES of them); larger ones, and those past either cap, wait for the
 /// receive and are copied once, straight into the receiver's buffer.
 
 #include <cstring>
@@ -46,7 +47,7 @@ struct Mailbox {
   std::mutex mu;
   chorus::detail::TagMatcher<RecvOp, Arrival> matcher;
   /// Bytes of eager messages waiting for their receive (at most Policy::kMaxUnexpectedBytes).
-  std::size_t unexpected_bytes = 0;
+  chorus::detail::ByteGauge unexpected_bytes;
   bool broken = false;
   std::string broken_reason;
   ErrorCode broken_code = ErrorCode::peer_failure;
@@ -138,7 +139,8 @@ class Link {
     if (auto r = out_->matcher.take_posted(tag)) {
       detail::Arrival a = detail::RendezvousArrival{data, req};
       detail::deliver(a, *r, done);
-    } else if (data.size <= Policy::kEagerBytes && out_->unexpected_bytes + data.size <= Policy::kMaxUnexpectedBytes) {
+    } else if (data.size <= Policy::kEagerBytes && out_->unexpected_bytes + data.size <= Policy::kMaxUnexpectedBytes &&
+               !chorus::detail::over_buffered_cap(data.size)) {
       detail::EagerArrival e{std::vector<std::byte>(data.data, data.data + data.size)};
       out_->matcher.add_unexpected(tag, std::move(e));
       out_->unexpected_bytes += data.size;

@@ -90,6 +90,7 @@ class Transport {
   static constexpr std::string_view kName = "inproc";
 
   explicit Transport(const Bootstrap& b) : rank_(b.rank), size_(b.size), timeout_(b.options.timeout) {
+    (void)chorus::detail::buffered_cap();  // a bad CHORUS_MAX_BUFFERED_BYTES fails here, not in a send
     std::string key(reinterpret_cast<const char*>(b.nonce.data()), b.nonce.size());
     world_ = detail::World::join(key, size_);
     std::weak_ptr<detail::World> weak = world_;

@@ -465,6 +465,10 @@ class Link {
           paused_ = true;
           return false;
         }
+        if (chorus::detail::over_buffered_cap(h.size)) {
+          fail(ErrorCode::system, chorus::detail::buffered_cap_error(h.size), true, done);
+          return false;
+        }
         unexpected_bytes_ += h.size;
         matcher_.add_unexpected(h.tag, detail::EagerArrival{spare_.take(src, h.size)});
         return true;

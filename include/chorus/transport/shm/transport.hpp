@@ -301,6 +301,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
     : rank_(b.rank), size_(b.size), engine_(std::make_shared<detail::Engine>()) {
   if (peers.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, -1, "shm"}, "peer mask of the wrong size");
+  (void)chorus::detail::buffered_cap();  // a bad CHORUS_MAX_BUFFERED_BYTES fails here, not in a link
   if (!engine_->hub.wake)
     detail::throw_errno(ErrorContext{rank_, -1, "shm"}, "eventfd");
   engine_->rank = rank_;

@@ -404,6 +404,8 @@ class Link {
           auto req = r->req;
           return read_payload(r->dst, [r = std::move(*r), size = h.size] { r.req->complete(size); }, std::move(req));
         }
+        if (chorus::detail::over_buffered_cap(h.size))
+          return fail(ErrorCode::system, chorus::detail::buffered_cap_error(h.size));
         // One payload is read at a time: into a spare buffer, kept here until it is in.
         unexpected_in_ = spare_.take(h.size);
         return read_payload({unexpected_in_.data(), unexpected_in_.size()}, [this, tag = h.tag] {

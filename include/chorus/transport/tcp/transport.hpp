@@ -134,6 +134,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
     : rank_(b.rank), size_(b.size), peers_(std::move(peers)), engine_(std::make_shared<detail::Engine>()) {
   if (peers_.size() != static_cast<std::size_t>(size_))
     throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, -1, "tcp"}, "peer mask of the wrong size");
+  (void)chorus::detail::buffered_cap();  // a bad CHORUS_MAX_BUFFERED_BYTES fails here, not in a link
   peers_[static_cast<std::size_t>(rank_)] = false;
   engine_->links.resize(static_cast<std::size_t>(size_));
   const std::weak_ptr<chorus::detail::Driver> weak_driver = engine_;
