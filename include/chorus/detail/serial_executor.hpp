@@ -82,6 +82,14 @@ class SerialExecutor {
     return true;
   }
 
+  /// Waits until every call submitted so far has run and its request has completed (a request
+  /// completes just after the next call is let go), or until `deadline`; true when they have.
+  bool wait_settled(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lk(mu_);
+    const std::uint64_t target = submitted_;
+    return cv_.wait_until(lk, deadline, [&] { return settled_ >= target; });
+  }
+
   /// Calls queued or running (an inline call counts as one).
   int pending() const {
     const int p = pending_.load();
@@ -166,12 +174,18 @@ class SerialExecutor {
       j.state->fail(ErrorCode::system, *other);
     else
       j.state->complete();
+    {
+      std::lock_guard lk(mu_);
+      ++settled_;
+    }
+    cv_.notify_all();
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t submitted_ = 0;  ///< jobs submitted (under mu_)
   std::uint64_t finished_ = 0;   ///< jobs finished, in order (under mu_)
+  std::uint64_t settled_ = 0;    ///< jobs whose requests have completed (under mu_)
   std::optional<Error> cancelled_;  ///< set by cancel() (under mu_)
   std::atomic<int> pending_{0};     ///< calls queued or running; kInline added while one runs inline
   asio::thread_pool pool_{1};    ///< declared last: joined (in the destructor) before the rest goes

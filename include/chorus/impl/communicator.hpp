@@ -529,6 +529,10 @@ void Communicator<T>::finalize() {
   } catch (const Error& e) {
     if (e.code() != ErrorCode::aborted) throw;  // the calls themselves report their errors
   }
+  // The calls before it have finished; their requests complete a moment after (each once the
+  // next call is let go): wait for that too, so that every request is done on return.
+  if (!st.exec.wait_settled(std::chrono::steady_clock::now() + st.boot.options.timeout))
+    throw Error(ErrorCode::timeout, st.ctx(-1, "finalize"), "the pending calls' requests did not complete");
 }
 
 template <Transport T>
