@@ -229,8 +229,9 @@ struct Communicator<T>::State {
   /// from any thread; the call's thread owns the buffers).
   std::atomic<std::size_t> scratch_bytes{0}, channel_bytes{0};
 
-  /// After each call: lets scratch shrink after a burst, and updates the gauges.
-  void end_call() {
+  /// After call `seq`: records how it ended, lets scratch shrink after a burst, updates the gauges.
+  void end_call(std::uint64_t seq, bool ok) {
+    recorder->finished(seq, ok);
     scratch.end_call();
     scratch_bytes.store(scratch.bytes(), std::memory_order_relaxed);
     channel_bytes.store(channel_memory ? channel_memory->bytes() : 0, std::memory_order_relaxed);
@@ -302,14 +303,18 @@ struct Communicator<T>::State {
     }
   }
 
-  std::string history_key(int rank) const {
-    return "chorus/history/" + std::to_string(group.context >> detail::kContextShift) + "/" +
+  /// The store key where group rank `rank` publishes `what` (its history or its progress).
+  std::string published_key(std::string_view what, int rank) const {
+    return "chorus/" + std::string(what) + "/" + std::to_string(group.context >> detail::kContextShift) + "/" +
            std::to_string(group.members[rank]);
   }
+  std::string history_key(int rank) const { return published_key("history", rank); }
+  std::string progress_key(int rank) const { return published_key("progress", rank); }
 
-  std::string progress_key(int rank) const {
-    return "chorus/progress/" + std::to_string(group.context >> detail::kContextShift) + "/" +
-           std::to_string(group.members[rank]);
+  /// Wall-clock milliseconds since the epoch (the times published in the store).
+  static std::int64_t epoch_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
   }
 
   /// A wait stalled (called every kStallCheck while it does): now and then, publish this rank's
@@ -332,10 +337,8 @@ struct Communicator<T>::State {
   /// "entered E completed C at T": calls this rank has started and completed, and the wall time
   /// in milliseconds since the epoch; read by a rank that times out (late_ranks()).
   void publish_progress() {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::system_clock::now().time_since_epoch()).count();
     boot.store->set_within(progress_key(group.rank), "entered " + std::to_string(recorder->entered()) + " completed " +
-                                                  std::to_string(recorder->completed()) + " at " + std::to_string(ms),
+                                                  std::to_string(recorder->completed()) + " at " + std::to_string(epoch_ms()),
                            failure_bound());
   }
 
@@ -363,8 +366,7 @@ struct Communicator<T>::State {
     std::string late;
     try {
       publish_progress();
-      const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                              std::chrono::system_clock::now().time_since_epoch()).count();
+      const std::int64_t now_ms = epoch_ms();
       for (int p = 0; p < group.size(); ++p) {
         if (p == group.rank) continue;
         std::uint64_t entered = 0, completed = 0;
@@ -482,8 +484,9 @@ Communicator<T> Communicator<T>::create(Options options) {
   }
   s->make_recorder();
   s->watch_for_errors();
-  detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready: ", s->boot.size, " ranks over ", T::kName,
-              "; memory: ", s->memory_stats().to_string());
+  if (detail::log_enabled(detail::LogLevel::info))
+    detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready: ", s->boot.size, " ranks over ", T::kName,
+                "; memory: ", s->memory_stats().to_string());
   return Communicator(std::move(s));
 }
 
@@ -494,8 +497,9 @@ Communicator<T>::Communicator(std::unique_ptr<State> s) : s_(std::move(s)) {}
 template <Transport T>
 Communicator<T>::~Communicator() {
   if (!s_) return;  // moved from
-  detail::log(detail::LogLevel::info, rank(), "communicator destroyed after ", s_->recorder->entered(),
-              " collectives; memory: ", s_->memory_stats().to_string());
+  if (detail::log_enabled(detail::LogLevel::info))
+    detail::log(detail::LogLevel::info, rank(), "communicator destroyed after ", s_->recorder->entered(),
+                " collectives; memory: ", s_->memory_stats().to_string());
   const int pending = s_->exec.pending();
   if (pending == 0) return;
   detail::log(detail::LogLevel::warn, rank(), "communicator destroyed with ", pending,
@@ -648,31 +652,25 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
         ch.finish();
       }
     } catch (const Error& e) {
+      st.end_call(desc.seq, false);
       // Every mismatch is told to every rank here, and this rank's transport aborted: the one this
       // rank found (two descriptors compared, on a message or through the store) and the one that
       // reached it from a peer (a failed message, a notice). A rank further along the ring or
       // tree may be waiting on this one, and must not learn of it only by its timeout.
-      st.recorder->finished(desc.seq, false);
-      st.end_call();
       st.failed(desc, e);
       throw;
     }
-    st.recorder->finished(desc.seq, true);
-    st.end_call();
+    st.end_call(desc.seq, true);
     if (st.stall_seq == desc.seq) st.republish_progress();
   };
   ++st.coll_seq;
   // A blocking call with nothing queued before it runs here and now, and needs no request state
   // (nothing to allocate: the call's own messages carry the timeouts).
-  if (!async && st.exec.try_begin_inline()) {
-    lk.unlock();
-    struct End {
-      detail::SerialExecutor& e;
-      ~End() { e.end_inline(); }
-    } end{st.exec};
+  auto run_here = [&lk, &task] {
+    lk.unlock();  // the executor is held: a call queued meanwhile waits for this one
     task();
-    return Request();
-  }
+  };
+  if (!async && st.exec.try_run(run_here)) return Request();
   auto req = std::make_shared<detail::RequestState>(st.ctx(-1, algo::describe(desc)), st.boot.options.timeout);
   // Its timeout counts from when it starts running, not while it waits behind earlier calls; the
   // call's own waits time out first (within the timeout of their start) and name the late ranks.
