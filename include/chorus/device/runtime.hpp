@@ -1,0 +1,108 @@
+#pragma once
+/// The seam between chorus and a GPU runtime: every CUDA runtime call the device data path makes
+/// goes through one `device::Runtime`. Two implementations exist:
+/// * `device::CudaRuntime` (device/cuda_runtime.hpp): the CUDA runtime itself, and the kernels of
+///   reduce/cuda. Compiled only by nvcc (a translation unit that includes it is a .cu file).
+/// * `device::SimRuntime` (device/sim_runtime.hpp): a host implementation for machines without a
+///   GPU, used by the test suite: "device" memory comes from an arena of its own, streams are
+///   ordered queues run by one host thread each, events mark queue positions, and kernel launches
+///   run the kernel bodies of reduce/cuda under the grid emulator (device/grid_emulator.hpp). It
+///   does not model copy engines running beside kernels, peer access, or device faults.
+///
+/// Streams and events are opaque handles with the CUDA runtime's own types (`cudaStream_t` is
+/// `CUstream_st*`), so a user's stream passes through unchanged; SimRuntime hands out pointers to
+/// objects of its own under the same names. A null stream is the runtime's default (legacy)
+/// stream.
+///
+/// Errors: a call that fails throws chorus::Error with ErrorCode::system (ErrorCode::unsupported
+/// when there is no device), whose text names the runtime call and the CUDA error (name and number,
+/// e.g. "cudaMemcpyAsync: cudaErrorInvalidValue (1)"). An error inside a stream's work (a fault, a
+/// kernel that could not run) surfaces at the next query, synchronize or launch, as in CUDA.
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "chorus/core/buffer.hpp"
+#include "chorus/core/types.hpp"
+
+struct CUstream_st;  // the CUDA runtime's stream type (cudaStream_t is CUstream_st*)
+struct CUevent_st;   // the CUDA runtime's event type (cudaEvent_t is CUevent_st*)
+
+namespace chorus::device {
+
+using Stream = CUstream_st*;
+using Event = CUevent_st*;
+
+/// CUDA runtime error numbers chorus reads (cudaError_t values).
+enum class CudaError : int {
+  success = 0,
+  invalid_value = 1,
+  memory_allocation = 2,
+  insufficient_driver = 35,
+  no_device = 100,
+  not_ready = 600,
+  launch_failure = 719,
+};
+/// "No GPU here": cudaErrorInsufficientDriver (35), cudaErrorNoDevice (100), and
+/// cudaErrorStubLibrary (34, a CUDA stub library with no driver behind it).
+constexpr bool means_no_gpu(int cuda_error) noexcept { return cuda_error == 35 || cuda_error == 34 || cuda_error == 100; }
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+
+  /// "cuda" or "simulated".
+  virtual std::string_view name() const noexcept = 0;
+
+  // --- devices -------------------------------------------------------------------------------
+  /// Devices this process can use (0 when none; never throws for "no GPU").
+  virtual int device_count() = 0;
+  /// The calling thread's current device (cudaSetDevice / cudaGetDevice).
+  virtual void set_device(int device) = 0;
+  virtual int current_device() = 0;
+
+  // --- memory --------------------------------------------------------------------------------
+  /// Where `p` lives (cudaPointerGetAttributes): device for device or managed memory, host for
+  /// pageable, pinned or unknown memory.
+  virtual MemoryKind kind_of(const void* p) = 0;
+  virtual void* alloc_device(std::size_t bytes) = 0;  ///< cudaMalloc; bytes 0 gives a valid unique pointer
+  virtual void free_device(void* p) = 0;              ///< null is a no-op
+  /// Page-locked host memory, mapped into the device's address space (cudaHostAlloc with
+  /// cudaHostAllocPortable | cudaHostAllocMapped): staging buffers and flags live here.
+  virtual void* alloc_pinned(std::size_t bytes) = 0;
+  virtual void free_pinned(void* p) = 0;
+
+  // --- streams and events --------------------------------------------------------------------
+  virtual Stream create_stream() = 0;  ///< cudaStreamCreateWithFlags(cudaStreamNonBlocking)
+  virtual void destroy_stream(Stream s) = 0;
+  /// cudaEventCreateWithFlags: cudaEventDisableTiming unless `timing`.
+  virtual Event create_event(bool timing = false) = 0;
+  virtual void destroy_event(Event e) = 0;
+  virtual void record(Event e, Stream s) = 0;
+  /// True once the stream has reached the event's record (cudaEventQuery; not_ready is false).
+  virtual bool query(Event e) = 0;
+  virtual void synchronize(Event e) = 0;
+  virtual void synchronize(Stream s) = 0;
+  /// Work enqueued on `s` after this waits for `e` (cudaStreamWaitEvent).
+  virtual void wait(Stream s, Event e) = 0;
+  /// Milliseconds between two timing events that have completed (cudaEventElapsedTime).
+  virtual float elapsed_ms(Event start, Event end) = 0;
+
+  // --- work enqueued on a stream -------------------------------------------------------------
+  /// cudaMemcpyAsync(cudaMemcpyDefault): any of host, pinned and device memory on either side.
+  virtual void copy(void* dst, const void* src, std::size_t bytes, Stream s) = 0;
+  virtual void fill(void* dst, int byte, std::size_t bytes, Stream s) = 0;  ///< cudaMemsetAsync
+  /// out[i] = op(a[i], b[i]) for `count` elements in device memory (the reduce/cuda kernel; avg
+  /// reduces as sum). out may equal a or b. Bitwise the host's chorus::reduce.
+  virtual void reduce(ReduceOp op, DataType dt, void* out, const void* a, const void* b, std::size_t count,
+                      Stream s) = 0;
+  /// data[i] /= world_size for avg (the finalize_avg kernel). Bitwise the host's chorus::finalize_avg.
+  virtual void finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) = 0;
+  /// Work enqueued on `s` after this waits until `*flag` (in memory from alloc_pinned) is not 0,
+  /// which the host sets with a release store; after `timeout_ns` it gives up and lets the stream
+  /// go on (the caller reports the failure another way: the flag is never a silent hang).
+  virtual void wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) = 0;
+};
+
+}  // namespace chorus::device
