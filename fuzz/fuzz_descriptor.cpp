@@ -1,4 +1,4 @@
-// The collective descriptor (algo/descriptor.hpp, algo/channel.hpp): the 40-byte stamp a peer
+// The collective descriptor (algo/descriptor.hpp, mismatch/stamp.hpp): the 40-byte stamp a peer
 // puts in front of its first message or sends on its own, read with read_stamp, then compared
 // and described as a mismatch would be. Promises: any bytes give a descriptor or nothing,
 // nothing is thrown; describe() and describe_difference() name any values (out of range ones
@@ -8,11 +8,12 @@
 #include <cstring>
 #include <string>
 
-#include "chorus/algo/channel.hpp"
+#include "chorus/mismatch/stamp.hpp"
 #include "fuzz_input.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace chorus::algo;
+  using namespace chorus::mismatch;
   const auto* bytes = reinterpret_cast<const std::byte*>(data);
   const auto theirs = read_stamp(bytes, size);
   if (!theirs) return 0;

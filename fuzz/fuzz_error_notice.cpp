@@ -1,4 +1,4 @@
-// The error notice (impl/communicator.hpp, detail::ErrorNotice): the 1024 bytes a rank that
+// The error notice (mismatch/herald.hpp, mismatch::ErrorNotice): the 1024 bytes a rank that
 // found a mismatch sends to every other, received into the struct as they come and turned into
 // an Error by the receiver. Promises: message() never reads past the struct, whatever `length`
 // says; the Error made of a notice carries its text whatever the code; of() and message()
@@ -12,7 +12,7 @@
 #include "fuzz_input.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using chorus::detail::ErrorNotice;
+  using chorus::mismatch::ErrorNotice;
   chorus::fuzz::Input in(data, size);
   const auto notice = in.take<ErrorNotice>();
   const std::string text = notice.message();

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../examples/02_train_fashion_mnist/fashion_mnist.hpp"
-#include "chorus/algo/channel.hpp"
+#include "chorus/mismatch/stamp.hpp"
 #include "chorus/bootstrap/tcp_store.hpp"
 #include "chorus/communicator.hpp"
 #include "chorus/transport/shm/detail/segment.hpp"
@@ -161,6 +161,7 @@ void shm_record() {
 void descriptor() {
   using namespace chorus;
   using namespace chorus::algo;
+  using chorus::mismatch::Stamp;
   Stamp s;
   s.desc = CollectiveDesc{CollectiveKind::all_reduce, DataType::float32, ReduceOp::sum, -1, 13, 4};
   Bytes same;
@@ -179,7 +180,7 @@ void error_notice() {
       "chorus mismatch: rank 0: all_reduce float32 sum count 13 seq 4: collectives differ: rank 0 called "
       "all_reduce float32 sum count 13 seq 4, rank 2 called broadcast int64 root 2 count 1000 seq 4";
   Bytes b;
-  append(b, detail::ErrorNotice::of(ErrorCode::mismatch, text));
+  append(b, mismatch::ErrorNotice::of(ErrorCode::mismatch, text));
   b.insert(b.end(), text.begin(), text.end());
   write_seed("error_notice", "mismatch", b);
 }

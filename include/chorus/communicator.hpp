@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <ranges>
 #include <span>
 #include <string>
@@ -33,6 +34,8 @@
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
 #include "chorus/core/types.hpp"
+#include "chorus/device/default.hpp"
+#include "chorus/exec/device.hpp"
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/common.hpp"
 #include "chorus/algo/select.hpp"
@@ -205,6 +208,65 @@ class Communicator {
     start(algo::CollectiveKind::all_to_all, in, out, count, dt, ReduceOp::sum, -1, false).wait();
   }
 
+  // ---- Device buffers on a stream (NCCL style) -------------------------------------------------
+  // The same collectives on device memory, ordered on a CUDA stream: each call enqueues on
+  // `stream` and returns at once; the collective starts when the stream reaches the call and the
+  // results are ready for work enqueued on the stream after it. The Request completes then too;
+  // a failure surfaces on it, on the next call, and through async_error() (like
+  // ncclCommGetAsyncError), and aborts the communicator. Both buffers must be in device memory
+  // (device_runtime()->kind_of, i.e. cudaPointerGetAttributes); host buffers take the calls above.
+  // Device buffers given to the calls above (no stream) run on the default stream and block.
+  Request all_reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, device::Stream stream) {
+    return start(algo::CollectiveKind::all_reduce, in, out, count, dt, op, -1, true, &stream);
+  }
+  Request broadcast(void* buf, std::size_t count, DataType dt, int root, device::Stream stream) {
+    return start(algo::CollectiveKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root, true, &stream);
+  }
+  Request reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root, device::Stream stream) {
+    return start(algo::CollectiveKind::reduce, in, out, count, dt, op, root, true, &stream);
+  }
+  Request scatter(const void* in, void* out, std::size_t count, DataType dt, int root, device::Stream stream) {
+    return start(algo::CollectiveKind::scatter, in, out, count, dt, ReduceOp::sum, root, true, &stream);
+  }
+  Request gather(const void* in, void* out, std::size_t count, DataType dt, int root, device::Stream stream) {
+    return start(algo::CollectiveKind::gather, in, out, count, dt, ReduceOp::sum, root, true, &stream);
+  }
+  Request all_gather(const void* in, void* out, std::size_t count, DataType dt, device::Stream stream) {
+    return start(algo::CollectiveKind::all_gather, in, out, count, dt, ReduceOp::sum, -1, true, &stream);
+  }
+  Request reduce_scatter(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, device::Stream stream) {
+    return start(algo::CollectiveKind::reduce_scatter, in, out, count, dt, op, -1, true, &stream);
+  }
+  Request all_to_all(const void* in, void* out, std::size_t count, DataType dt, device::Stream stream) {
+    return start(algo::CollectiveKind::all_to_all, in, out, count, dt, ReduceOp::sum, -1, true, &stream);
+  }
+  /// Typed forms (std::span over device memory, ...), with the size checks of the host forms.
+  template <ElementRange In, WritableElementRange Out>
+  Request all_reduce(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return all_reduce_start(in, out, op, true, &stream); }
+  template <WritableElementRange R>
+  Request broadcast(R&& buf, int root, device::Stream stream) { return broadcast_start(buf, root, true, &stream); }
+  template <ElementRange In, WritableElementRange Out>
+  Request reduce(const In& in, Out&& out, ReduceOp op, int root, device::Stream stream) { return reduce_start(in, out, op, root, true, &stream); }
+  template <ElementRange In, WritableElementRange Out>
+  Request scatter(const In& in, Out&& out, int root, device::Stream stream) { return scatter_start(in, out, root, true, &stream); }
+  template <ElementRange In, WritableElementRange Out>
+  Request gather(const In& in, Out&& out, int root, device::Stream stream) { return gather_start(in, out, root, true, &stream); }
+  template <ElementRange In, WritableElementRange Out>
+  Request all_gather(const In& in, Out&& out, device::Stream stream) { return all_gather_start(in, out, true, &stream); }
+  template <ElementRange In, WritableElementRange Out>
+  Request reduce_scatter(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return reduce_scatter_start(in, out, op, true, &stream); }
+  template <ElementRange In, WritableElementRange Out>
+  Request all_to_all(const In& in, Out&& out, device::Stream stream) { return all_to_all_start(in, out, true, &stream); }
+
+  /// The runtime that tells device memory from host memory and runs the device data path: the
+  /// process default (device::default_runtime()) at creation; null when there is none (every
+  /// buffer is host memory then). Set it before the first call on device buffers.
+  void set_device_runtime(device::Runtime* runtime);
+  device::Runtime* device_runtime() const;
+  /// The first error of a call that failed without anyone waiting for it yet (a call on a
+  /// stream, an async call), or none; like ncclCommGetAsyncError.
+  std::optional<Error> async_error() const;
+
   /// A sub-group, like MPI_Comm_split / ncclCommSplit: ranks with the same color (>= 0) form one
   /// communicator, ordered by (key, rank). Collective over this communicator. The new
   /// communicator shares this one's links and runs concurrently with it without interference.
@@ -243,54 +305,57 @@ class Communicator {
   static std::size_t count_of(const R& r) { return std::ranges::size(r); }
   void same_size(std::size_t a, std::size_t b, const char* what) const;
   /// Validates and runs one collective: async on the worker, or blocking (inline when idle).
+  /// `stream`: null for a call of the host API (host buffers, or device buffers on the default
+  /// stream, blocking), else the stream a call on device buffers is ordered on.
   Request start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt, ReduceOp op,
-                int root, bool async);
-  Request collective(algo::CollectiveDesc desc, algo::Args args, bool async);
+                int root, bool async, const device::Stream* stream = nullptr);
+  Request collective(algo::CollectiveDesc desc, algo::Args args, bool async,
+                     std::shared_ptr<exec::StreamTicket> ticket = {});
   void abort_with(const Error& why);
   static void run_algorithm(State& st, algo::Channel<T>& ch, const algo::CollectiveDesc& desc, const algo::Args& args,
                             const algo::Choice& choice);
 
   template <class In, class Out>
-  Request all_reduce_start(const In& in, Out&& out, ReduceOp op, bool async) {
+  Request all_reduce_start(const In& in, Out&& out, ReduceOp op, bool async, const device::Stream* stream = nullptr) {
     same_size(count_of(in), count_of(out), "all_reduce: in and out");
-    return start(algo::CollectiveKind::all_reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, -1, async);
+    return start(algo::CollectiveKind::all_reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, -1, async, stream);
   }
   template <class R>
-  Request broadcast_start(R&& buf, int root, bool async) {
-    return start(algo::CollectiveKind::broadcast, std::ranges::data(buf), std::ranges::data(buf), count_of(buf), dtype_of<R>(), ReduceOp::sum, root, async);
+  Request broadcast_start(R&& buf, int root, bool async, const device::Stream* stream = nullptr) {
+    return start(algo::CollectiveKind::broadcast, std::ranges::data(buf), std::ranges::data(buf), count_of(buf), dtype_of<R>(), ReduceOp::sum, root, async, stream);
   }
   template <class In, class Out>
-  Request reduce_start(const In& in, Out&& out, ReduceOp op, int root, bool async) {
+  Request reduce_start(const In& in, Out&& out, ReduceOp op, int root, bool async, const device::Stream* stream = nullptr) {
     if (rank() == root) same_size(count_of(in), count_of(out), "reduce: in and out (root)");
-    return start(algo::CollectiveKind::reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, root, async);
+    return start(algo::CollectiveKind::reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, root, async, stream);
   }
   template <class In, class Out>
-  Request scatter_start(const In& in, Out&& out, int root, bool async) {
+  Request scatter_start(const In& in, Out&& out, int root, bool async, const device::Stream* stream = nullptr) {
     if (rank() == root) same_size(count_of(in), count_of(out) * size(), "scatter: in (root) and size() x out");
-    return start(algo::CollectiveKind::scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), ReduceOp::sum, root, async);
+    return start(algo::CollectiveKind::scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), ReduceOp::sum, root, async, stream);
   }
   template <class In, class Out>
-  Request gather_start(const In& in, Out&& out, int root, bool async) {
+  Request gather_start(const In& in, Out&& out, int root, bool async, const device::Stream* stream = nullptr) {
     if (rank() == root) same_size(count_of(out), count_of(in) * size(), "gather: out (root) and size() x in");
-    return start(algo::CollectiveKind::gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, root, async);
+    return start(algo::CollectiveKind::gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, root, async, stream);
   }
   template <class In, class Out>
-  Request all_gather_start(const In& in, Out&& out, bool async) {
+  Request all_gather_start(const In& in, Out&& out, bool async, const device::Stream* stream = nullptr) {
     same_size(count_of(out), count_of(in) * size(), "all_gather: out and size() x in");
-    return start(algo::CollectiveKind::all_gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, -1, async);
+    return start(algo::CollectiveKind::all_gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, -1, async, stream);
   }
   template <class In, class Out>
-  Request reduce_scatter_start(const In& in, Out&& out, ReduceOp op, bool async) {
+  Request reduce_scatter_start(const In& in, Out&& out, ReduceOp op, bool async, const device::Stream* stream = nullptr) {
     same_size(count_of(in), count_of(out) * size(), "reduce_scatter: in and size() x out");
-    return start(algo::CollectiveKind::reduce_scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), op, -1, async);
+    return start(algo::CollectiveKind::reduce_scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), op, -1, async, stream);
   }
   template <class In, class Out>
-  Request all_to_all_start(const In& in, Out&& out, bool async) {
+  Request all_to_all_start(const In& in, Out&& out, bool async, const device::Stream* stream = nullptr) {
     same_size(count_of(in), count_of(out), "all_to_all: in and out");
     if (count_of(in) % size() != 0)
       throw Error(ErrorCode::invalid_argument, ErrorContext{rank(), -1, "all_to_all"},
                   "in has " + std::to_string(count_of(in)) + " elements, not a multiple of size() " + std::to_string(size()));
-    return start(algo::CollectiveKind::all_to_all, std::ranges::data(in), std::ranges::data(out), count_of(in) / size(), dtype_of<In>(), ReduceOp::sum, -1, async);
+    return start(algo::CollectiveKind::all_to_all, std::ranges::data(in), std::ranges::data(out), count_of(in) / size(), dtype_of<In>(), ReduceOp::sum, -1, async, stream);
   }
   std::unique_ptr<State> s_;
 };

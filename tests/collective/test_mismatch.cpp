@@ -405,8 +405,8 @@ TEST_CASE_TEMPLATE("mismatch: a notice that reaches one rank reaches every rank"
     CAPTURE(n);
     expect_everyone_told<T>(n, text, [&text](auto& comm, int rank) {
       if (rank == 0) {
-        const auto notice = chorus::detail::ErrorNotice::of(chorus::ErrorCode::mismatch, text);
-        const chorus::Tag tag = chorus::detail::error_tag(0);  // the world communicator's (context 0)
+        const auto notice = chorus::mismatch::ErrorNotice::of(chorus::ErrorCode::mismatch, text);
+        const chorus::Tag tag = chorus::mismatch::error_tag(0);  // the world communicator's (context 0)
         comm.transport().link(1).isend(chorus::ConstBytes{reinterpret_cast<const std::byte*>(&notice), sizeof notice}, tag).wait();
         return;
       }

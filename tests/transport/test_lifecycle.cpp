@@ -376,7 +376,7 @@ TEST_CASE_TEMPLATE("lifecycle: memory_stats reports what a communicator holds", 
     expect_eq(big.total(), big.scratch_bytes + big.channel_bytes + big.recorder_bytes + big.transport_bytes, "total");
     expect(big.transport_bytes > 0 && big.recorder_bytes > 0, "links and recorder are counted: " + big.to_string());
     expect(after.scratch_bytes <= big.scratch_bytes, "scratch does not grow on small calls");
-    expect(after.scratch_bytes <= 2 * chorus::algo::Scratch::kKeepBytes, "scratch given back: " + after.to_string());
+    expect(after.scratch_bytes <= 2 * chorus::exec::Scratch::kKeepBytes, "scratch given back: " + after.to_string());
   });
 }
 

@@ -1,6 +1,6 @@
 // Buffers that grow give memory back: the algorithms' Scratch after a burst of large calls, the
 // flight recorder keeps a fixed number of calls.
-#include "chorus/algo/common.hpp"
+#include "chorus/exec/host.hpp"
 #include "chorus/algo/flight_recorder.hpp"
 
 #include <doctest/doctest.h>
@@ -9,7 +9,7 @@
 
 namespace unit_test_memory {
 
-using chorus::algo::Scratch;
+using chorus::exec::Scratch;
 
 // One 64 MiB call, then small ones: the 64 MiB stay through the window that saw them, and go
 // back (to kKeepBytes) in one step once a whole window of small calls has passed; steady calls at

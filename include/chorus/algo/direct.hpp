@@ -6,7 +6,6 @@
 /// dissemination barrier.
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "chorus/algo/channel.hpp"
@@ -24,7 +23,7 @@ void direct_gather(Channel<T>& ch, const Args& a) {
   auto& recvs = ch.ops(0);
   for (int p = 0; p < n; ++p)
     if (p != r) recvs.push_back(ch.irecv(p, mbytes(a.out + block * p, block)));
-  copy_if_distinct(a.out + block * r, a.in, block);
+  a.x().copy(a.out + block * r, a.in, block);
   ch.wait_all(recvs);
 }
 
@@ -37,7 +36,7 @@ void direct_scatter(Channel<T>& ch, const Args& a) {
   auto& sends = ch.ops(0);
   for (int p = 0; p < n; ++p)
     if (p != r) sends.push_back(ch.isend(p, cbytes(a.in + block * p, block)));
-  copy_if_distinct(a.out, a.in + block * r, block);
+  a.x().copy(a.out, a.in + block * r, block);
   ch.wait_all(sends);
 }
 
@@ -45,18 +44,18 @@ void direct_scatter(Channel<T>& ch, const Args& a) {
 /// out overlapping) the input is first copied to the work area, since a received block would
 /// overwrite one not yet sent.
 template <Transport T>
-void pairwise_all_to_all(Channel<T>& ch, const Args& a, Scratch& s) {
+void pairwise_all_to_all(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t block = a.bytes(a.count);
   const std::size_t total = block * static_cast<std::size_t>(n);
   const std::byte* in = a.in;
   const auto lo_in = reinterpret_cast<std::uintptr_t>(in), lo_out = reinterpret_cast<std::uintptr_t>(a.out);
   if (total != 0 && lo_in < lo_out + total && lo_out < lo_in + total) {
-    std::byte* copy = s.work(total);
-    std::memcpy(copy, in, total);
+    std::byte* copy = a.x().work(total);
+    a.x().copy(copy, in, total);
     in = copy;
   }
-  copy_if_distinct(a.out + block * r, in + block * r, block);
+  a.x().copy(a.out + block * r, in + block * r, block);
   for (int k = 1; k < n; ++k) {
     const int to = (r + k) % n, from = (r - k + n) % n;
     ch.sendrecv(to, cbytes(in + block * to, block), from, mbytes(a.out + block * from, block));

@@ -12,7 +12,6 @@
 
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/common.hpp"
-#include "chorus/reduce/host.hpp"
 #include "chorus/topology/tree.hpp"
 
 namespace chorus::algo {
@@ -81,7 +80,7 @@ class TreePipeline {
   void up(std::size_t j) {
     for (int c = 0; c < node_.child_count; ++c) {
       ch_.wait(in_[c][j % kWindow]);
-      chorus::reduce(a_.op, a_.dtype, at(j), slot(c, j), len(j));
+      a_.x().reduce(a_.op, a_.dtype, at(j), at(j), slot(c, j), len(j));
     }
     if (j + kWindow < slices_) post_up_recvs(j + kWindow);  // the slots of slice j are free again
     if (node_.parent != topology::kNoRank) up_sends_[j] = ch_.isend(node_.parent, cbytes(at(j), a_.bytes(len(j))), lane_);
@@ -94,7 +93,7 @@ class TreePipeline {
       ch_.wait(up_sends_[j]);  // the slice's region is about to be overwritten
       ch_.recv(node_.parent, mbytes(at(j), bytes), lane_);
     } else if (a_.op == ReduceOp::avg) {
-      chorus::finalize_avg(a_.dtype, at(j), len(j), ch_.size());
+      a_.x().finalize_avg(a_.dtype, at(j), len(j), ch_.size());
     }
     for (int c = 0; c < node_.child_count; ++c)
       down_sends_.push_back(ch_.isend(node_.children[c], cbytes(at(j), bytes), lane_));
@@ -117,12 +116,12 @@ class TreePipeline {
 /// All-reduce over the double binary tree: half the buffer on each tree, both pipelines advanced
 /// in lock step (lanes 0 and 1 keep their messages apart where two ranks are linked in both).
 template <Transport T>
-void double_tree_all_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
+void double_tree_all_reduce(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
-  copy_if_distinct(a.out, a.in, a.bytes(a.count));
+  a.x().copy(a.out, a.in, a.bytes(a.count));
   const std::size_t half = a.count / 2;
   const std::size_t per_tree = detail::TreePipeline<T>::slot_bytes(a);
-  std::byte* slots = s.get(2 * per_tree);
+  std::byte* slots = a.x().slots(2 * per_tree);
   const auto nodes = topology::double_binary_tree(r, n);
   const int max_depth = topology::ceil_log2(n);
   detail::TreePipeline<T> t0(ch, a, nodes[0], topology::binary_tree_depth(r, n, 0), max_depth, 0, 0, half, slots);

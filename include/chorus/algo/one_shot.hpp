@@ -23,7 +23,6 @@
 
 #include <chrono>
 #include <cstddef>
-#include <cstring>
 #include <memory>
 #include <string>
 
@@ -32,6 +31,7 @@
 #include "chorus/algo/descriptor.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
+#include "chorus/mismatch/stamp.hpp"
 #include "chorus/reduce/host.hpp"
 
 namespace chorus::algo {
@@ -80,8 +80,8 @@ void one_shot_all_reduce(Group<T>& g, const CollectiveDesc& desc, const Args& a,
       MLink& l = link_of(p);
       const std::uint32_t stamp = l.next_mailbox_stamp();
       auto& slot = l.mailbox_out(stamp);
-      if (bytes != 0) std::memcpy(slot.data, a.in, bytes);
-      std::memcpy(slot.desc, &desc, sizeof desc);
+      a.x().copy(slot.data, a.in, bytes);
+      mismatch::put_desc(slot.desc, desc);
       slot.bytes = static_cast<std::uint32_t>(bytes);
       slot.stamp.store(stamp, std::memory_order_seq_cst);
       l.mailbox_sent();
@@ -128,8 +128,7 @@ void one_shot_all_reduce(Group<T>& g, const CollectiveDesc& desc, const Args& a,
         const auto [code, why] = l.failure();
         throw Error(code, ErrorContext{g.rank, p, describe(desc)}, "the link to rank " + std::to_string(p) + " broke: " + why);
       }
-      CollectiveDesc theirs;
-      std::memcpy(&theirs, slot.desc, sizeof theirs);
+      const CollectiveDesc theirs = mismatch::get_desc(slot.desc);
       if (!(theirs == desc) || slot.bytes != bytes)
         throw Error(ErrorCode::mismatch, ErrorContext{g.rank, p, describe(desc)},
                     describe_difference(g.rank, desc, p, theirs));
@@ -142,9 +141,10 @@ void one_shot_all_reduce(Group<T>& g, const CollectiveDesc& desc, const Args& a,
       MLink& l = link_of(q);
       return l.mailbox_in(l.mailbox_stamp()).data;
     };
-    chorus::reduce(a.op, a.dtype, a.out, src(0), src(1), a.count);
-    for (int q = 2; q < n; ++q) chorus::reduce(a.op, a.dtype, a.out, a.out, src(q), a.count);
-    if (a.op == ReduceOp::avg) chorus::finalize_avg(a.dtype, a.out, a.count, n);
+    exec::Executor& x = a.x();
+    x.reduce(a.op, a.dtype, a.out, src(0), src(1), a.count);
+    for (int q = 2; q < n; ++q) x.reduce(a.op, a.dtype, a.out, a.out, src(q), a.count);
+    if (a.op == ReduceOp::avg) x.finalize_avg(a.dtype, a.out, a.count, n);
   }
 }
 

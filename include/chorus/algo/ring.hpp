@@ -8,7 +8,6 @@
 
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/common.hpp"
-#include "chorus/reduce/host.hpp"
 #include "chorus/topology/ring.hpp"
 
 namespace chorus::algo {
@@ -29,7 +28,7 @@ namespace detail {
 /// input of an out-of-place call) reduced with the received slices, else the slices land in buf.
 template <Transport T>
 void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, const std::byte* from, const std::byte* own,
-               std::size_t count, int send_c, int recv_c, bool reduce, Scratch& scratch) {
+               std::size_t count, int send_c, int recv_c, bool reduce) {
   const int n = ch.size(), r = ch.rank();
   const int next = topology::next(r, n), prev = topology::prev(r, n);
   const std::size_t es = a.elem(), se = slice_elems(a);
@@ -57,7 +56,7 @@ void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, const std::byte* f
   } else {
     // Receive into slots of scratch, reduce each slice as it lands, keep kSlotsInFlight posted.
     constexpr int kSlots = RingPolicy::kSlotsInFlight;
-    std::byte* slots = scratch.get(kSlots * se * es);
+    std::byte* slots = a.x().slots(kSlots * se * es);
     auto& inflight = ch.ops(1);
     inflight.resize(kSlots);
     auto post = [&](std::size_t j) {
@@ -69,7 +68,7 @@ void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, const std::byte* f
       ch.wait(inflight[j % kSlots]);
       const std::size_t off = std::min(j * se, r_size), len = std::min(se, r_size - off);
       const std::size_t at = (r_begin + off) * es;
-      chorus::reduce(a.op, a.dtype, buf + at, own + at, slots + (j % kSlots) * se * es, len);
+      a.x().reduce(a.op, a.dtype, buf + at, own + at, slots + (j % kSlots) * se * es, len);
       if (j + kSlots < r_slices) post(j + kSlots);
     }
   }
@@ -83,56 +82,56 @@ void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, const std::byte* f
 /// (buf itself when null): every chunk is received once, and the one never received is the one
 /// sent first, so buf need not hold a copy of in (only the chunks received are written).
 template <Transport T>
-void ring_reduce_scatter_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count, Scratch& s,
+void ring_reduce_scatter_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count,
                                   const std::byte* in = nullptr) {
   const int n = ch.size(), r = ch.rank();
   const std::byte* own = in ? in : buf;
   for (int k = 0; k < n - 1; ++k)
     detail::ring_step(ch, a, buf, k == 0 ? own : buf, own, count, topology::reduce_scatter_send_chunk(r, k, n),
-                      topology::reduce_scatter_recv_chunk(r, k, n), /*reduce=*/true, s);
+                      topology::reduce_scatter_recv_chunk(r, k, n), /*reduce=*/true);
 }
 
 /// All-gather over `buf` whose chunk r (of count elements cut into P) this rank holds.
 template <Transport T>
-void ring_all_gather_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count, Scratch& s) {
+void ring_all_gather_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count) {
   const int n = ch.size(), r = ch.rank();
   for (int k = 0; k < n - 1; ++k)
     detail::ring_step(ch, a, buf, buf, buf, count, topology::all_gather_send_chunk(r, k, n),
-                      topology::all_gather_recv_chunk(r, k, n), /*reduce=*/false, s);
+                      topology::all_gather_recv_chunk(r, k, n), /*reduce=*/false);
 }
 
 /// All-reduce: out = reduce over ranks of in (count elements).
 template <Transport T>
-void ring_all_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
+void ring_all_reduce(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   // 1. Reduce-scatter: rank r ends with chunk r of out fully reduced. Out of place, it reads this
   //    rank's contribution from in: no copy of in to out first.
-  ring_reduce_scatter_in_place(ch, a, a.out, a.count, s, a.in);
+  ring_reduce_scatter_in_place(ch, a, a.out, a.count, a.in);
   // 2. avg: divide the owned chunk once, before it is copied everywhere.
   if (a.op == ReduceOp::avg)
-    chorus::finalize_avg(a.dtype, a.out + a.bytes(topology::chunk_begin(r, a.count, n)), topology::chunk_size(r, a.count, n), n);
+    a.x().finalize_avg(a.dtype, a.out + a.bytes(topology::chunk_begin(r, a.count, n)), topology::chunk_size(r, a.count, n), n);
   // 3. All-gather: every rank receives every reduced chunk.
-  ring_all_gather_in_place(ch, a, a.out, a.count, s);
+  ring_all_gather_in_place(ch, a, a.out, a.count);
 }
 
 /// Reduce-scatter: in holds P blocks of count elements; out (count) gets block r reduced over
 /// all ranks. Works in the work area, reading in (never writing it).
 template <Transport T>
-void ring_reduce_scatter(Channel<T>& ch, const Args& a, Scratch& s) {
+void ring_reduce_scatter(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t total = a.count * static_cast<std::size_t>(n);
-  std::byte* work = s.work(a.bytes(total));
-  ring_reduce_scatter_in_place(ch, a, work, total, s, a.in);  // P equal chunks: chunk r is block r
-  if (a.op == ReduceOp::avg) chorus::finalize_avg(a.dtype, work + a.bytes(a.count) * r, a.count, n);
-  copy_if_distinct(a.out, work + a.bytes(a.count) * r, a.bytes(a.count));
+  std::byte* work = a.x().work(a.bytes(total));
+  ring_reduce_scatter_in_place(ch, a, work, total, a.in);  // P equal chunks: chunk r is block r
+  if (a.op == ReduceOp::avg) a.x().finalize_avg(a.dtype, work + a.bytes(a.count) * r, a.count, n);
+  a.x().copy(a.out, work + a.bytes(a.count) * r, a.bytes(a.count));
 }
 
 /// All-gather: in (count elements) goes to block r of out (P blocks), from every rank.
 template <Transport T>
-void ring_all_gather(Channel<T>& ch, const Args& a, Scratch& s) {
+void ring_all_gather(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
-  copy_if_distinct(a.out + a.bytes(a.count) * r, a.in, a.bytes(a.count));
-  ring_all_gather_in_place(ch, a, a.out, a.count * static_cast<std::size_t>(n), s);
+  a.x().copy(a.out + a.bytes(a.count) * r, a.in, a.bytes(a.count));
+  ring_all_gather_in_place(ch, a, a.out, a.count * static_cast<std::size_t>(n));
 }
 
 }  // namespace chorus::algo
@@ -171,13 +170,13 @@ void chain_broadcast(Channel<T>& ch, const Args& a) {
 /// by a gather of the chunks to the root: (P-1)/P B per phase per rank, instead of the binomial
 /// tree's B per level, for large messages.
 template <Transport T>
-void ring_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
+void ring_reduce(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
-  std::byte* work = s.work(a.bytes(a.count));
+  std::byte* work = a.x().work(a.bytes(a.count));
   // 1. Reduce-scatter into the work area, reading in: chunk r is complete here.
-  ring_reduce_scatter_in_place(ch, a, work, a.count, s, a.in);
+  ring_reduce_scatter_in_place(ch, a, work, a.count, a.in);
   const std::size_t begin = topology::chunk_begin(r, a.count, n), len = topology::chunk_size(r, a.count, n);
-  if (a.op == ReduceOp::avg) chorus::finalize_avg(a.dtype, work + a.bytes(begin), len, n);
+  if (a.op == ReduceOp::avg) a.x().finalize_avg(a.dtype, work + a.bytes(begin), len, n);
   // 2. Gather the chunks at the root (one message per rank, empty chunks included).
   if (r != a.root) return ch.send(a.root, cbytes(work + a.bytes(begin), a.bytes(len)));
   auto& recvs = ch.ops(0);
@@ -186,7 +185,7 @@ void ring_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
     recvs.push_back(ch.irecv(p, mbytes(a.out + a.bytes(topology::chunk_begin(p, a.count, n)),
                                        a.bytes(topology::chunk_size(p, a.count, n)))));
   }
-  copy_if_distinct(a.out + a.bytes(begin), work + a.bytes(begin), a.bytes(len));
+  a.x().copy(a.out + a.bytes(begin), work + a.bytes(begin), a.bytes(len));
   ch.wait_all(recvs);
 }
 

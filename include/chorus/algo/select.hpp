@@ -74,7 +74,7 @@ inline constexpr TransportModel kTcpModel{10e-6, 1.0 / 3e9, 512 << 10};
 /// cross-memory pulls and the measured curves cross), ~5 GB/s one copy; slices of 256 KiB (a
 /// pull each: larger ones pipeline less, smaller ones pay a system call more often).
 inline constexpr TransportModel kShmModel{3e-6, 1.0 / 5e9, 256 << 10};
-/// Threads of one process: a lock and a memcpy.
+/// Threads of one process: a lock and one copy.
 inline constexpr TransportModel kInprocModel{2e-6, 1.0 / 8e9, 64 << 10};
 
 /// Host reduction speed per byte of buffer: float32 sum of 64 MiB runs at ~30 GB/s of traffic

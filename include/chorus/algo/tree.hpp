@@ -7,7 +7,6 @@
 
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/common.hpp"
-#include "chorus/reduce/host.hpp"
 #include "chorus/topology/tree.hpp"
 
 namespace chorus::algo {
@@ -32,37 +31,37 @@ void binomial_broadcast(Channel<T>& ch, const Args& a) {
 /// subtree first, a fixed order, so the result is the same from run to run), then send to the
 /// parent. The root's result goes to a.out; other ranks leave a.out untouched.
 template <Transport T>
-void binomial_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
+void binomial_reduce(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t bytes = a.bytes(a.count);
   const int parent = topology::binomial_parent_rooted(r, a.root, n);
   // 1. The accumulator: out on the root, scratch elsewhere; a second scratch half receives.
-  std::byte* work = s.get(2 * bytes);
+  std::byte* work = a.x().slots(2 * bytes);
   std::byte* acc = parent == topology::kNoRank ? a.out : work;
   std::byte* incoming = work + bytes;
-  copy_if_distinct(acc, a.in, bytes);
+  a.x().copy(acc, a.in, bytes);
   // 2. Fold in the children, smallest subtree first.
   const auto children = topology::binomial_children_rooted(r, a.root, n);
   for (int i = children.size() - 1; i >= 0; --i) {
     ch.recv(children[i], mbytes(incoming, bytes));
-    chorus::reduce(a.op, a.dtype, acc, incoming, a.count);
+    a.x().reduce(a.op, a.dtype, acc, acc, incoming, a.count);
   }
   // 3. Pass the partial result up, or finish on the root.
   if (parent != topology::kNoRank)
     ch.send(parent, cbytes(acc, bytes));
   else if (a.op == ReduceOp::avg)
-    chorus::finalize_avg(a.dtype, acc, a.count, n);
+    a.x().finalize_avg(a.dtype, acc, a.count, n);
 }
 
 /// All-reduce by recursive doubling: at step k exchange the whole buffer with r ^ 2^k and reduce.
 /// Ranks beyond the largest power of two p first hand their data to a proxy (r - p) and get the
 /// result back at the end. For small messages: log2 P latency terms, P log2 P bytes.
 template <Transport T>
-void recursive_doubling_all_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
+void recursive_doubling_all_reduce(Channel<T>& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t bytes = a.bytes(a.count);
-  std::byte* incoming = s.get(bytes);
-  copy_if_distinct(a.out, a.in, bytes);
+  std::byte* incoming = a.x().slots(bytes);
+  a.x().copy(a.out, a.in, bytes);
   const auto role = topology::fold_role(r, n);
   const int partner = topology::fold_partner(r, n);
   // 1. Fold: extra ranks hand their data to their proxy and wait for the result.
@@ -73,16 +72,16 @@ void recursive_doubling_all_reduce(Channel<T>& ch, const Args& a, Scratch& s) {
   }
   if (role == topology::FoldRole::proxy) {
     ch.recv(partner, mbytes(incoming, bytes));
-    chorus::reduce(a.op, a.dtype, a.out, incoming, a.count);
+    a.x().reduce(a.op, a.dtype, a.out, a.out, incoming, a.count);
   }
   // 2. Recursive doubling among the p core ranks. Both partners compute a op b (commutative,
   //    IEEE-exact either way round), so every rank ends with the same bits.
   for (int k = 0; k < topology::recursive_doubling_steps(n); ++k) {
     const int peer = topology::recursive_doubling_partner(r, k, n);
     ch.sendrecv(peer, cbytes(a.out, bytes), peer, mbytes(incoming, bytes));
-    chorus::reduce(a.op, a.dtype, a.out, incoming, a.count);
+    a.x().reduce(a.op, a.dtype, a.out, a.out, incoming, a.count);
   }
-  if (a.op == ReduceOp::avg) chorus::finalize_avg(a.dtype, a.out, a.count, n);
+  if (a.op == ReduceOp::avg) a.x().finalize_avg(a.dtype, a.out, a.count, n);
   // 3. Unfold: proxies return the result.
   if (role == topology::FoldRole::proxy) ch.send(partner, cbytes(a.out, bytes));
 }

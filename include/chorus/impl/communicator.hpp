@@ -28,101 +28,15 @@
 #include "chorus/detail/dump.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/detail/serial_executor.hpp"
+#include "chorus/exec/device.hpp"
+#include "chorus/exec/host.hpp"
+#include "chorus/mismatch/cross_check.hpp"
+#include "chorus/mismatch/herald.hpp"
 #include "chorus/transport/matching.hpp"
 
 namespace chorus {
 
 namespace detail {
-
-/// How a rank that detects a collective mismatch tells the others: a fixed-size message on the
-/// group's error tag (error_tag()), which every rank keeps a receive posted for.
-struct ErrorNotice {
-  static constexpr std::size_t kBytes = 1024;
-  std::uint32_t code = 0;
-  std::uint32_t length = 0;
-  char text[kBytes - 8] = {};
-
-  /// A notice of an error with this code and text (cut to fit).
-  static ErrorNotice of(ErrorCode c, std::string_view what) {
-    ErrorNotice n;
-    n.code = static_cast<std::uint32_t>(c);
-    n.length = static_cast<std::uint32_t>(std::min(what.size(), sizeof n.text));
-    std::memcpy(n.text, what.data(), n.length);
-    return n;
-  }
-  /// The text it carries (never read past the buffer, whatever `length` says).
-  std::string message() const { return std::string(text, std::min<std::size_t>(length, sizeof text)); }
-};
-static_assert(sizeof(ErrorNotice) == ErrorNotice::kBytes);
-
-/// The tag of a group's error notices (`context`: the group's high tag bits).
-inline Tag error_tag(Tag context) { return context | kInternalTagBit | algo::kTagClassError; }
-
-/// Tells every other rank of a group about a mismatch, once per communicator, then aborts this
-/// rank's transport with it. Started by the rank that finds the mismatch and, with the text it
-/// received, by every rank that a notice reaches: each rank that learns tells everyone before its
-/// transport aborts. Without the forwarding a notice could be lost: two ranks that find the
-/// mismatch at once each abort the other through their first notices, and the abort fails the
-/// notices still queued, so a third rank that talks to neither waits on, unaware.
-/// Shared by the communicator and its notice receives' callbacks, which may run after the
-/// communicator is gone, on a progress thread or (inproc) the sending rank's thread: never blocks
-/// there; the transport is aborted by whichever thread completes the last notice.
-template <Transport T>
-class Herald : public std::enable_shared_from_this<Herald<T>> {
- public:
-  Herald(std::weak_ptr<T> transport, std::vector<int> members, int rank, Tag tag)
-      : transport_(std::move(transport)), members_(std::move(members)), rank_(rank), tag_(tag) {}
-
-  /// Starts telling every peer about `e`; false (nothing done) when this rank already has.
-  bool start(const Error& e) {
-    if (started_.exchange(true)) return false;
-    auto t = transport_.lock();
-    if (!t) return true;
-    const std::string text = e.what();
-    notice_ = ErrorNotice::of(e.code(), text);
-    // One count per notice plus one for this loop: the transport aborts once all have left.
-    pending_.store(static_cast<int>(members_.size()));
-    // The error travels as plain data and is made anew by the thread that aborts: no exception
-    // object (its what() string is shared between copies) crosses threads.
-    auto finish = [self = this->shared_from_this(), code = e.code(), text] {
-      if (self->pending_.fetch_sub(1) != 1) return;
-      if (auto tr = self->transport_.lock()) tr->abort(Error::from_text(code, text, self->rank_, -1));
-    };
-    for (int p = 0; p < static_cast<int>(members_.size()); ++p) {
-      if (p == rank_) continue;
-      Request s = t->link(members_[static_cast<std::size_t>(p)])
-                      .isend(ConstBytes{reinterpret_cast<const std::byte*>(&notice_), sizeof notice_}, tag_);
-      sends_.push_back(s);
-      s.state()->then(finish);  // runs at once when the send is already done (or failed)
-    }
-    finish();
-    return true;
-  }
-
-  /// After a start() that returned true: waits until every notice has left or failed, or until
-  /// `deadline` (a failure path's own short bound: a peer that cannot be reached must not hold
-  /// the others for the whole timeout). The last one's completion aborts the transport, possibly
-  /// a moment after this returns (a request wakes its waiter before it runs its callback); the
-  /// caller aborts it anyway.
-  void wait(std::chrono::steady_clock::time_point deadline) {
-    for (auto& s : sends_) {
-      try {
-        if (!s.state()->wait_before(deadline)) return;  // the caller's abort fails what is left
-      } catch (...) {  // that peer is gone already
-      }
-    }
-  }
-
- private:
-  std::weak_ptr<T> transport_;
-  std::vector<int> members_;  ///< group rank -> transport rank
-  int rank_;
-  Tag tag_;
-  std::atomic<bool> started_{false};
-  std::atomic<int> pending_{0};
-  ErrorNotice notice_;          ///< sent from here to every peer
-  std::vector<Request> sends_;  ///< written by start() only, read by wait() on the same thread
-};
 
 inline void check_p2p_args(int rank, int size, int peer, int tag, const char* verb) {
   if (peer < 0 || peer >= size)
@@ -223,18 +137,61 @@ struct Communicator<T>::State {
   /// Every peer is reached over shm and this communicator owns the transport: all_reduce of up
   /// to one_shot_max_bytes goes through the links' mailboxes (algo/one_shot.hpp).
   bool mailboxes = false;
-  algo::Scratch scratch;
+  exec::HostExecutor host_exec;  ///< copies, reductions and scratch of host buffers
   std::shared_ptr<algo::ChannelMemory> channel_memory;  ///< reused by each call's Channel
-  /// scratch.bytes() and channel_memory->bytes() after the last call (memory_stats() reads them
+  /// host_exec's and device_exec's bytes() and channel_memory->bytes() after the last call (memory_stats() reads them
   /// from any thread; the call's thread owns the buffers).
   std::atomic<std::size_t> scratch_bytes{0}, channel_bytes{0};
 
-  /// After call `seq`: records how it ended, lets scratch shrink after a burst, updates the gauges.
-  void end_call(std::uint64_t seq, bool ok) {
+  /// After call `seq` on executor `x`: records how it ended, waits for the executor's work (a
+  /// device stream) and lets scratch shrink after a burst, updates the gauges. A failing stream
+  /// fails the call: returns that error (never throws).
+  std::optional<Error> end_call(std::uint64_t seq, bool ok, exec::Executor& x) {
+    std::optional<Error> stream_error;
+    try {
+      x.end_call();
+    } catch (const Error& e) {
+      stream_error = e;
+      ok = false;
+    }
     recorder->finished(seq, ok);
-    scratch.end_call();
-    scratch_bytes.store(scratch.bytes(), std::memory_order_relaxed);
+    scratch_bytes.store(host_exec.bytes() + device_bytes(), std::memory_order_relaxed);
     channel_bytes.store(channel_memory ? channel_memory->bytes() : 0, std::memory_order_relaxed);
+    return stream_error;
+  }
+  std::size_t device_bytes() const { return device_exec ? device_exec->bytes() : 0; }
+
+  // ---- device buffers ----
+  device::Runtime* runtime = nullptr;  ///< tells device memory apart; null: everything is host memory
+  /// Created at the first call on device buffers, with the pool of its stream tickets; declared
+  /// before `exec`, which is joined before they go.
+  std::unique_ptr<exec::DeviceExecutor> device_exec;
+  std::unique_ptr<exec::TicketPool> tickets;
+  mutable std::mutex async_mu;
+  std::optional<Error> async_error;  ///< the first failure of a call nobody was waiting on (under async_mu)
+
+  void note_async_error(const Error& e) {
+    std::lock_guard g(async_mu);
+    if (!async_error) async_error = e;
+  }
+  /// The memory kind of a call's buffers (null or unused ones aside); mixing kinds is an error.
+  MemoryKind kind_of(const void* in, const void* out, const algo::CollectiveDesc& d) const {
+    if (!runtime) return MemoryKind::host;
+    const bool has_in = in != nullptr, has_out = out != nullptr;
+    const MemoryKind ki = has_in ? runtime->kind_of(in) : MemoryKind::host;
+    const MemoryKind ko = has_out ? runtime->kind_of(out) : MemoryKind::host;
+    if (has_in && has_out && ki != ko)
+      throw Error(ErrorCode::invalid_argument, ctx(-1, algo::describe(d)),
+                  std::string("the input is in ") + (ki == MemoryKind::device ? "device" : "host") + " memory and the output in " +
+                      (ko == MemoryKind::device ? "device" : "host") + " memory: one call takes buffers of one kind");
+    return has_in ? ki : ko;
+  }
+  exec::DeviceExecutor& device_executor() {
+    if (!device_exec) {
+      device_exec = std::make_unique<exec::DeviceExecutor>(*runtime, boot.options.timeout);
+      tickets = std::make_unique<exec::TicketPool>(*runtime);
+    }
+    return *device_exec;
   }
 
   MemoryStats memory_stats() const {
@@ -252,9 +209,7 @@ struct Communicator<T>::State {
   std::atomic<std::uint64_t> split_seq{0};
   /// One receive buffer per peer, owned jointly with the pending receives' callbacks: a receive
   /// still posted in a shared link when this communicator is gone keeps its buffer alive.
-  std::shared_ptr<std::vector<detail::ErrorNotice>> notices;
-  std::vector<Request> notice_recvs;
-  std::shared_ptr<detail::Herald<T>> herald;  ///< tells the others of a mismatch (set with the notices)
+  mismatch::Watch<T> watch;  ///< the notices of a mismatch found elsewhere, and the herald that spreads one
   std::atomic<bool> aborted{false};
   /// The last calls (at least 16; CHORUS_FLIGHT_RECORDER_ENTRIES): dumped on a failure, and
   /// published for the cross-check through the store when a wait stalls.
@@ -278,30 +233,8 @@ struct Communicator<T>::State {
     detail::DumpRegistry::instance().add(recorder);
   }
 
-  Tag error_tag() const { return detail::error_tag(group.context); }
-
-  /// Posts the receives that learn of a mismatch another rank detected. A notice that arrives is
-  /// told on to every rank (the Herald), which then aborts this rank's transport.
-  void watch_for_errors() {
-    const int n = group.size();
-    herald = std::make_shared<detail::Herald<T>>(transport, group.members, group.rank, error_tag());
-    notices = std::make_shared<std::vector<detail::ErrorNotice>>(static_cast<std::size_t>(n));
-    for (int p = 0; p < n; ++p) {
-      if (p == group.rank) continue;
-      auto* notice = &(*notices)[p];
-      Request r = group.transport->link(group.members[p]).irecv(
-          MutableBytes{reinterpret_cast<std::byte*>(notice), sizeof(detail::ErrorNotice)}, error_tag());
-      const int me = group.rank;
-      r.state()->then([h = herald, notice, me, keep = notices, st = std::weak_ptr<detail::RequestState>(r.state())] {
-        auto s = st.lock();
-        if (!s || s->failed()) return;  // the link closed: nothing was reported
-        const std::string text = notice->message();
-        detail::log(detail::LogLevel::info, me, "a peer reported: ", text);
-        h->start(Error::from_text(static_cast<ErrorCode>(notice->code), text, me, -1));
-      });
-      notice_recvs.push_back(std::move(r));
-    }
-  }
+  /// Posts the receives that learn of a mismatch another rank detected (mismatch::Watch).
+  void watch_for_errors() { watch = mismatch::Watch<T>::start(transport, group); }
 
   /// The store key where group rank `rank` publishes `what` (its history or its progress).
   std::string published_key(std::string_view what, int rank) const {
@@ -421,46 +354,22 @@ struct Communicator<T>::State {
       dump_once(std::string(to_string(e.code())) + " in " + algo::describe(d) + ": " + e.what());
   }
 
-  /// A wait stalled: publish this rank's recent collectives in the store and compare the current
-  /// one with what the others published for the same sequence number.
+  /// A wait stalled: publish this rank's progress and recent collectives in the store and
+  /// compare the current one with what the others published for it (mismatch::cross_check).
   void cross_check(const algo::CollectiveDesc& mine) {
-    std::string blob;
-    for (const auto& r : recorder->snapshot())
-      blob.append(reinterpret_cast<const char*>(&r.desc), sizeof(algo::CollectiveDesc));
-    // A stall may be the store's host gone too: each call is bounded by a few seconds, and a
-    // store that does not answer only means no cross-check; the links then name the lost peer.
-    const auto bound = failure_bound();
-    std::vector<std::string> published(static_cast<std::size_t>(group.size()));
-    try {
-      publish_progress();
-      boot.store->set_within(history_key(group.rank), blob, bound);
-      for (int p = 0; p < group.size(); ++p)
-        if (p != group.rank && boot.store->check_within({history_key(p)}, bound))
-          published[static_cast<std::size_t>(p)] = boot.store->get(history_key(p), bound);
-    } catch (const Error& e) {
-      static std::atomic<bool> told{false};  // once per process: every later stall fails alike
-      if (!told.exchange(true))
-        detail::log(detail::LogLevel::warn, group.rank,
-                    "stall cross-check skipped, store unreachable: ", e.what());
-      return;
-    }
-    for (int p = 0; p < group.size(); ++p) {
-      const std::string& theirs = published[static_cast<std::size_t>(p)];
-      for (std::size_t off = 0; off + sizeof(algo::CollectiveDesc) <= theirs.size(); off += sizeof(algo::CollectiveDesc)) {
-        algo::CollectiveDesc d;
-        std::memcpy(&d, theirs.data() + off, sizeof d);
-        if (d.seq != mine.seq || d == mine) continue;
-        throw Error(ErrorCode::mismatch, ctx(p, algo::describe(mine)), algo::describe_difference(group.rank, mine, p, d));
-      }
-    }
+    std::vector<algo::CollectiveDesc> recent;
+    for (const auto& r : recorder->snapshot()) recent.push_back(r.desc);
+    mismatch::cross_check(*boot.store, recent, mine, group.rank, group.size(),
+                          [this](int p) { return history_key(p); }, failure_bound(),
+                          [this] { publish_progress(); });
   }
 
   /// Tells every peer about `e`, then aborts with it (see Herald). When this rank is already
   /// telling them (a notice reached it first), returns at once: that herald aborts the transport
   /// once its notices have left, and aborting here would cut them off.
   void spread(const Error& e) {
-    if (!herald->start(e)) return;
-    herald->wait(std::chrono::steady_clock::now() + failure_bound());
+    if (!watch.herald->start(e)) return;
+    watch.herald->wait(std::chrono::steady_clock::now() + failure_bound());
     transport->abort(e);  // so that it has happened before the caller throws (abort is idempotent)
   }
 };
@@ -482,6 +391,7 @@ Communicator<T> Communicator<T>::create(Options options) {
       throw Error(ErrorCode::invalid_argument, "CHORUS_BENCH_NO_DESCRIPTORS='" + *v + "' is not 0 or 1");
     s->group.descriptors = *v == "0";
   }
+  s->runtime = device::default_runtime();
   s->make_recorder();
   s->watch_for_errors();
   if (detail::log_enabled(detail::LogLevel::info))
@@ -555,6 +465,24 @@ const Options& Communicator<T>::options() const {
 }
 
 template <Transport T>
+void Communicator<T>::set_device_runtime(device::Runtime* runtime) {
+  std::lock_guard lk(s_->call_mu);
+  if (s_->device_exec && runtime != s_->runtime)
+    throw Error(ErrorCode::invalid_argument, s_->ctx(-1, "set_device_runtime"),
+                "the communicator has run calls on device buffers with another runtime");
+  s_->runtime = runtime;
+}
+template <Transport T>
+device::Runtime* Communicator<T>::device_runtime() const {
+  return s_->runtime;
+}
+template <Transport T>
+std::optional<Error> Communicator<T>::async_error() const {
+  std::lock_guard g(s_->async_mu);
+  return s_->async_error;
+}
+
+template <Transport T>
 MemoryStats Communicator<T>::memory_stats() const {
   return s_->memory_stats();
 }
@@ -602,7 +530,8 @@ void Communicator<T>::same_size(std::size_t a, std::size_t b, const char* what) 
 /// Every collective goes through here: pick the algorithm, run it in call order (on this thread
 /// when blocking and idle, else on the communicator's worker), spread a mismatch to every rank.
 template <Transport T>
-Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, bool async) {
+Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, bool async,
+                                    std::shared_ptr<exec::StreamTicket> ticket) {
   State& st = *s_;
   // The sequence number and the place in the executor are taken under one lock: calls from
   // several threads run in the order of their numbers, one at a time. The number is used up
@@ -624,7 +553,8 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   // all_reduce through the shm mailboxes where it fits, unless another algorithm is forced;
   // forced, it must fit.
   const bool one_shot_call = desc.kind == algo::CollectiveKind::all_reduce && n > 1;
-  const bool one_shot_fits = st.mailboxes && bytes <= algo::one_shot_max_bytes<T>();
+  const bool one_shot_fits =
+      st.mailboxes && args.exec->kind() == MemoryKind::host && bytes <= algo::one_shot_max_bytes<T>();
   const bool one_shot_forced = st.overrides.algorithm == algo::Algorithm::one_shot;
   if (one_shot_call && one_shot_forced && !one_shot_fits)
     throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
@@ -640,27 +570,46 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
                 ", slices of ", choice.slice_bytes, " bytes");
 
-  auto task = [&st, desc, args, choice] {
+  auto task = [&st, desc, args, choice, ticket] {
+    exec::Executor& x = *args.exec;
     st.recorder->started(desc, choice.algorithm);
+    auto fail = [&](const Error& e) {
+      if (ticket) exec::TicketPool::release(*ticket, false);
+      // A device that failed (the runtime's error) leaves the peers waiting on this rank's
+      // messages: abort, so that they learn at once (peer_failure) instead of by their timeout.
+      if (x.staged() && e.code() == ErrorCode::system) st.transport->abort(e);
+      try {
+        st.failed(desc, e);
+      } catch (const Error& richer) {
+        st.note_async_error(richer);
+        throw;
+      }
+      st.note_async_error(e);
+    };
     try {
+      if (ticket) st.device_exec->after(ticket->ready);
       if (choice.algorithm == algo::Algorithm::one_shot) {
         algo::one_shot_all_reduce(st.group, desc, args, st.boot.options.timeout,
                                   [&st](const algo::CollectiveDesc& d) { st.stall(d); });
       } else {
-        algo::Channel<T> ch(st.group, desc, st.channel_memory, [&st](const algo::CollectiveDesc& d) { st.stall(d); });
+        algo::Channel<T> ch(st.group, desc, st.channel_memory, x, [&st](const algo::CollectiveDesc& d) { st.stall(d); });
         run_algorithm(st, ch, desc, args, choice);
         ch.finish();
       }
     } catch (const Error& e) {
-      st.end_call(desc.seq, false);
+      (void)st.end_call(desc.seq, false, x);
       // Every mismatch is told to every rank here, and this rank's transport aborted: the one this
       // rank found (two descriptors compared, on a message or through the store) and the one that
       // reached it from a peer (a failed message, a notice). A rank further along the ring or
       // tree may be waiting on this one, and must not learn of it only by its timeout.
-      st.failed(desc, e);
+      fail(e);
       throw;
     }
-    st.end_call(desc.seq, true);
+    if (auto stream_error = st.end_call(desc.seq, true, x)) {
+      fail(*stream_error);
+      throw *stream_error;
+    }
+    if (ticket) exec::TicketPool::release(*ticket, true);
     if (st.stall_seq == desc.seq) st.republish_progress();
   };
   ++st.coll_seq;
@@ -679,6 +628,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   req->set_on_timeout([weak](const Error& e) {
     if (auto t = weak.lock()) t->abort(e);
   });
+  if (ticket) req->then([ticket] { exec::TicketPool::release(*ticket, false); });  // cancelled: let the stream go
   st.recorder->queued(desc, choice.algorithm);
   st.exec.submit(task, req);
   lk.unlock();
@@ -703,27 +653,27 @@ void Communicator<T>::run_algorithm(State& st, algo::Channel<T>& ch, const algo:
         case algo::CollectiveKind::scatter:
         case algo::CollectiveKind::all_to_all:
         case algo::CollectiveKind::broadcast:
-          algo::copy_if_distinct(a.out, a.in, a.bytes(a.count));
+          a.x().copy(a.out, a.in, a.bytes(a.count));
           return;  // avg over one rank is the identity
         case algo::CollectiveKind::split: return;
       }
     }
     switch (desc.kind) {
       case algo::CollectiveKind::all_reduce:
-        if (choice.algorithm == algo::Algorithm::ring) return algo::ring_all_reduce(ch, args, st.scratch);
-        if (choice.algorithm == algo::Algorithm::tree) return algo::double_tree_all_reduce(ch, args, st.scratch);
-        return algo::recursive_doubling_all_reduce(ch, args, st.scratch);
+        if (choice.algorithm == algo::Algorithm::ring) return algo::ring_all_reduce(ch, args);
+        if (choice.algorithm == algo::Algorithm::tree) return algo::double_tree_all_reduce(ch, args);
+        return algo::recursive_doubling_all_reduce(ch, args);
       case algo::CollectiveKind::broadcast:
         if (choice.algorithm == algo::Algorithm::chain) return algo::chain_broadcast(ch, args);
         return algo::binomial_broadcast(ch, args);
       case algo::CollectiveKind::reduce:
-        if (choice.algorithm == algo::Algorithm::ring) return algo::ring_reduce(ch, args, st.scratch);
-        return algo::binomial_reduce(ch, args, st.scratch);
+        if (choice.algorithm == algo::Algorithm::ring) return algo::ring_reduce(ch, args);
+        return algo::binomial_reduce(ch, args);
       case algo::CollectiveKind::scatter: return algo::direct_scatter(ch, args);
       case algo::CollectiveKind::gather: return algo::direct_gather(ch, args);
-      case algo::CollectiveKind::all_gather: return algo::ring_all_gather(ch, args, st.scratch);
-      case algo::CollectiveKind::reduce_scatter: return algo::ring_reduce_scatter(ch, args, st.scratch);
-      case algo::CollectiveKind::all_to_all: return algo::pairwise_all_to_all(ch, args, st.scratch);
+      case algo::CollectiveKind::all_gather: return algo::ring_all_gather(ch, args);
+      case algo::CollectiveKind::reduce_scatter: return algo::ring_reduce_scatter(ch, args);
+      case algo::CollectiveKind::all_to_all: return algo::pairwise_all_to_all(ch, args);
       case algo::CollectiveKind::barrier:
       case algo::CollectiveKind::split: return algo::dissemination_barrier(ch);
     }
@@ -732,7 +682,7 @@ void Communicator<T>::run_algorithm(State& st, algo::Channel<T>& ch, const algo:
 
 template <Transport T>
 Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt,
-                               ReduceOp op, int root, bool async) {
+                               ReduceOp op, int root, bool async, const device::Stream* stream) {
   detail::check_collective_args(kind, in, out, count, dt, op, root, rank(), size());
   algo::CollectiveDesc d;
   d.kind = kind;
@@ -743,7 +693,27 @@ Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* 
   algo::Args a;
   a.in = static_cast<const std::byte*>(in);
   a.out = static_cast<std::byte*>(out);
-  return collective(d, a, async);
+  a.exec = &s_->host_exec;
+  State& st = *s_;
+  if (stream && !st.runtime)
+    throw Error(ErrorCode::unsupported, st.ctx(-1, algo::describe(d)),
+                "a call on a stream needs a device runtime (include chorus/cuda.hpp from a .cu file, or "
+                "set one with device::set_default_runtime or set_device_runtime)");
+  const MemoryKind kind_found = st.kind_of(in, out, d);
+  if (stream && kind_found == MemoryKind::host && (in != nullptr || out != nullptr))
+    throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(d)),
+                "a call on a stream takes device buffers; these are in host memory (use the calls without a stream)");
+  if (!stream && kind_found == MemoryKind::host) return collective(d, a, async);
+  // Device buffers: the call is ordered on the stream (the default one without a stream).
+  {
+    std::lock_guard g(st.async_mu);
+    if (st.async_error) throw *st.async_error;
+  }
+  std::unique_lock lk(st.call_mu);  // the executor and its tickets are made and issued in call order
+  a.exec = &st.device_executor();
+  auto ticket = st.tickets->issue(stream ? *stream : nullptr, st.boot.options.timeout);
+  lk.unlock();
+  return collective(d, a, async || stream != nullptr, std::move(ticket));
 }
 
 template <Transport T>
@@ -827,6 +797,7 @@ Communicator<T> Communicator<T>::split(int color, int key) {
   if (id <= 0 || id >= (1 << 16))
     throw Error(ErrorCode::unsupported, st.ctx(-1, "split"), "more than 65535 sub-communicators in one job");
   sub->group.context = static_cast<Tag>(id) << detail::kContextShift;
+  sub->runtime = st.runtime;
   sub->make_recorder();
   sub->watch_for_errors();
   // 4. Nobody uses the new group before everyone has posted its error watch.

@@ -1,0 +1,242 @@
+#pragma once
+/// DeviceExecutor: the executor of device memory, through the device::Runtime seam (the CUDA
+/// runtime, or the simulated one in tests). Every operation is issued on one stream of its own:
+/// copies are cudaMemcpyAsync, reductions the reduce/cuda kernels, scratch device buffers. Links
+/// cannot read device memory, so messages go through pinned host staging (stage/download/upload):
+/// a send's slice is downloaded and waited for, then sent; a receive lands in staging and is
+/// uploaded behind the work already issued, and the kernel that reduces it follows on the stream.
+///
+/// A call on a user's stream (StreamTicket): the executor's stream first waits for an event the
+/// call recorded on the user's stream (the inputs are ready there), and the user's stream waits
+/// on a flag in pinned memory that the call sets when its results are final (wait_flag), so
+/// work the user enqueues after the call sees them.
+///
+/// Memory: device scratch grows on demand like the host's; staging is a pinned arena reset after
+/// each call, as large as the bytes the call moved through it (a call sends and receives each slice
+/// through it once), kept across calls up to kKeepStagingBytes or the recent calls' need.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/core/error.hpp"
+#include "chorus/device/runtime.hpp"
+#include "chorus/exec/executor.hpp"
+
+namespace chorus::exec {
+
+class DeviceExecutor final : public Executor {
+ public:
+  /// `timeout`: the bound of each wait for the stream (a device that stops answering is an error,
+  /// not a hang).
+  DeviceExecutor(device::Runtime& rt, std::chrono::milliseconds timeout)
+      : Executor(MemoryKind::device), rt_(rt), timeout_(timeout) {
+    stream_ = rt_.create_stream();
+    done_ = rt_.create_event();
+  }
+  ~DeviceExecutor() override {
+    try {
+      wait_stream();
+    } catch (...) {  // a failed stream: nothing more will run on it
+    }
+    try {
+      for (auto* b : {&slots_, &work_}) rt_.free_device(b->p);
+      for (auto& blk : blocks_) rt_.free_pinned(blk.p);
+      rt_.destroy_event(done_);
+      rt_.destroy_stream(stream_);
+    } catch (...) {  // destruction never throws
+    }
+  }
+
+  device::Runtime& runtime() const { return rt_; }
+  device::Stream stream() const { return stream_; }
+
+  /// Work issued from now on waits for `ready` (an event recorded on the caller's stream).
+  void after(device::Event ready) { rt_.wait(stream_, ready); }
+
+  void copy(std::byte* dst, const std::byte* src, std::size_t n) override {
+    if (dst != src && n != 0) rt_.copy(dst, src, n, stream_);
+  }
+  void reduce(ReduceOp op, DataType dt, std::byte* out, const std::byte* a, const std::byte* b,
+              std::size_t count) override {
+    if (count != 0) rt_.reduce(op, dt, out, a, b, count, stream_);
+  }
+  void finalize_avg(DataType dt, std::byte* data, std::size_t count, int ranks) override {
+    if (count != 0) rt_.finalize_avg(dt, data, count, ranks, stream_);
+  }
+  std::byte* slots(std::size_t n) override { return grow(slots_, n); }
+  std::byte* work(std::size_t n) override { return grow(work_, n); }
+
+  std::byte* stage(std::size_t n) override {
+    n = (n + 63) / 64 * 64;
+    while (block_ < blocks_.size() && used_ + n > blocks_[block_].size) ++block_, used_ = 0;
+    if (block_ == blocks_.size()) {
+      const std::size_t size = std::max(n, kBlockBytes);
+      blocks_.push_back({static_cast<std::byte*>(rt_.alloc_pinned(size)), size});
+      used_ = 0;
+    }
+    std::byte* p = blocks_[block_].p + used_;
+    used_ += n;
+    staged_ += n;
+    return p;
+  }
+  void download(std::byte* host, const std::byte* mine, std::size_t n) override {
+    if (n == 0) return;
+    rt_.copy(host, mine, n, stream_);
+    wait_stream();
+  }
+  void upload(std::byte* mine, const std::byte* host, std::size_t n) override {
+    if (n != 0) rt_.copy(mine, host, n, stream_);
+  }
+
+  /// Waits for everything issued; resets the staging arena, and gives back the pinned blocks a
+  /// burst of large calls left (beyond kKeepStagingBytes, once kWindow calls needed less).
+  void end_call() override {
+    wait_stream();
+    window_max_ = std::max(window_max_, staged_);
+    staged_ = 0;
+    block_ = 0;
+    used_ = 0;
+    if (++calls_ < kWindow) return;
+    calls_ = 0;
+    std::size_t kept = 0;
+    std::size_t i = 0;
+    for (; i < blocks_.size() && (kept < std::max(window_max_, kKeepStagingBytes)); ++i) kept += blocks_[i].size;
+    for (std::size_t j = i; j < blocks_.size(); ++j) rt_.free_pinned(blocks_[j].p);
+    blocks_.resize(i);
+    window_max_ = 0;
+  }
+  std::size_t bytes() const override {
+    std::size_t b = slots_.size + work_.size;
+    for (const auto& blk : blocks_) b += blk.size;
+    return b;
+  }
+
+  /// Blocks until the stream has done everything issued, polling (a short spin, then sleeps
+  /// growing to 1 ms) so that a wait is bounded by the timeout.
+  void wait_stream() {
+    rt_.record(done_, stream_);
+    if (rt_.query(done_)) return;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    std::chrono::microseconds nap{0};
+    for (int spins = 0;; ++spins) {
+      if (rt_.query(done_)) return;
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error(ErrorCode::timeout, ErrorContext{},
+                    "the device stream did not finish its work within " + std::to_string(timeout_.count()) +
+                        " ms (CHORUS_TIMEOUT)");
+      if (spins < 64) {
+        std::this_thread::yield();
+        continue;
+      }
+      nap = std::min<std::chrono::microseconds>(std::max<std::chrono::microseconds>(nap * 2, std::chrono::microseconds(20)),
+                                                std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(nap);
+    }
+  }
+
+  static constexpr std::size_t kBlockBytes = std::size_t(1) << 20;
+  static constexpr std::size_t kKeepStagingBytes = std::size_t(16) << 20;
+  static constexpr int kWindow = 16;
+
+ private:
+  struct DeviceBuffer {
+    std::byte* p = nullptr;
+    std::size_t size = 0;
+  };
+  struct Block {
+    std::byte* p;
+    std::size_t size;
+  };
+  /// Device scratch of at least n bytes. Growing frees the old buffer only once the stream is
+  /// done with it.
+  std::byte* grow(DeviceBuffer& b, std::size_t n) {
+    if (b.p != nullptr && b.size >= n) return b.p;
+    wait_stream();
+    rt_.free_device(b.p);
+    b.p = nullptr;
+    b.size = 0;
+    b.p = static_cast<std::byte*>(rt_.alloc_device(std::max<std::size_t>(n, 256)));
+    b.size = std::max<std::size_t>(n, 256);
+    return b.p;
+  }
+
+  device::Runtime& rt_;
+  std::chrono::milliseconds timeout_;
+  device::Stream stream_ = nullptr;
+  device::Event done_ = nullptr;
+  DeviceBuffer slots_, work_;
+  std::vector<Block> blocks_;
+  std::size_t block_ = 0, used_ = 0;
+  std::size_t staged_ = 0, window_max_ = 0;
+  int calls_ = 0;
+};
+
+/// The handshake between a user's stream and a call that the communicator runs on the host: the
+/// call starts after `ready` (recorded on the user's stream), and the user's stream waits until
+/// the call sets `flag` (1: done, 2: failed; either way the stream goes on). A ticket is reused
+/// once the user's stream has passed `passed` (recorded after the wait).
+struct StreamTicket {
+  device::Event ready = nullptr;
+  device::Event passed = nullptr;
+  std::uint32_t* flag = nullptr;
+  std::atomic<bool> in_use{false};
+  std::atomic<bool> finished{false};
+};
+
+/// Tickets of one communicator, allocated on demand and reused.
+class TicketPool {
+ public:
+  explicit TicketPool(device::Runtime& rt) : rt_(rt) {}
+  ~TicketPool() {
+    try {
+      for (auto& t : tickets_) {
+        rt_.destroy_event(t->ready);
+        rt_.destroy_event(t->passed);
+        rt_.free_pinned(t->flag);
+      }
+    } catch (...) {
+    }
+  }
+  /// Enqueues the handshake on `user` and returns its ticket (the caller calls finish() once).
+  std::shared_ptr<StreamTicket> issue(device::Stream user, std::chrono::milliseconds timeout) {
+    std::shared_ptr<StreamTicket> t;
+    for (auto& c : tickets_)
+      if (!c->in_use.load(std::memory_order_acquire) && rt_.query(c->passed)) {
+        t = c;
+        break;
+      }
+    if (!t) {
+      t = std::make_shared<StreamTicket>();
+      t->ready = rt_.create_event();
+      t->passed = rt_.create_event();
+      t->flag = static_cast<std::uint32_t*>(rt_.alloc_pinned(64));
+      tickets_.push_back(t);
+    }
+    t->in_use.store(true, std::memory_order_relaxed);
+    t->finished.store(false, std::memory_order_relaxed);
+    std::atomic_ref<std::uint32_t>(*t->flag).store(0, std::memory_order_relaxed);
+    rt_.record(t->ready, user);
+    rt_.wait_flag(user, t->flag, static_cast<std::uint64_t>(timeout.count()) * 1000000u);
+    rt_.record(t->passed, user);
+    return t;
+  }
+  /// The call is over (done, failed, or cancelled before it ran): the flag is set, once, and the
+  /// ticket may be reused once its stream has passed.
+  static void release(StreamTicket& t, bool ok) {
+    if (t.finished.exchange(true, std::memory_order_acq_rel)) return;
+    std::atomic_ref<std::uint32_t>(*t.flag).store(ok ? 1u : 2u, std::memory_order_release);
+    t.in_use.store(false, std::memory_order_release);
+  }
+
+ private:
+  device::Runtime& rt_;
+  std::vector<std::shared_ptr<StreamTicket>> tickets_;
+};
+
+}  // namespace chorus::exec
