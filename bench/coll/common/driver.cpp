@@ -20,6 +20,11 @@
 /// torchrun, mpirun or srun it joins through env://, where the rendezvous finds the store
 /// without MASTER_ADDR on one host (mpirun) or from Slurm's node list (srun).
 ///
+/// Device buffers (-g 1, --device cuda|sim): send and receive buffers are in device memory, the
+/// calls run on the default stream through the same API (the communicator finds the memory kind),
+/// and the time is taken with timing events on that stream, as nccl-tests does; inputs are
+/// written and outputs checked in host copies of the buffers, moved with the runtime's copies.
+///
 /// Out-of-place and in-place buffers follow nccl-tests: in place, the input sits at
 /// recv + rank * layout.send_in_place and the output at recv + rank * layout.recv_in_place.
 /// Where chorus has no in-place form (all_to_all, send/recv), the in-place half is timed on
@@ -38,6 +43,7 @@
 #include <vector>
 
 #include "chorus/algo/select.hpp"
+#include "chorus/device/sim_runtime.hpp"
 #include "coll/common/data.hpp"
 #include "coll/common/descriptor.hpp"
 #include "coll/common/driver.hpp"
@@ -55,8 +61,9 @@ void wait_all(std::vector<Request>& pending) {
 
 class Driver {
  public:
-  Driver(const Collective& d, Comm& comm, const Settings& s, std::string program)
-      : d_(d),
+  Driver(const Collective& d, Comm& comm, const Settings& s, std::string program, device::Runtime* rt)
+      : rt_(rt),
+        d_(d),
         comm_(comm),
         s_(s),
         rank_(comm.rank()),
@@ -65,7 +72,22 @@ class Driver {
         overrides_(algo::Overrides::from(comm.options())),
         capacity_(std::max<std::size_t>(s.max_bytes, 64)),
         send_(capacity_),
-        recv_(capacity_) {}
+        recv_(capacity_) {
+    if (!rt_) return;
+    dsend_ = static_cast<std::byte*>(rt_->alloc_device(capacity_));
+    drecv_ = static_cast<std::byte*>(rt_->alloc_device(capacity_));
+    t0_ = rt_->create_event(/*timing=*/true);
+    t1_ = rt_->create_event(/*timing=*/true);
+  }
+  ~Driver() {
+    if (!rt_) return;
+    rt_->free_device(dsend_);
+    rt_->free_device(drecv_);
+    rt_->destroy_event(t0_);
+    rt_->destroy_event(t1_);
+  }
+  Driver(const Driver&) = delete;
+  Driver& operator=(const Driver&) = delete;
 
   int run() {
     report_.header(gather_ranks(), transport_name(), comm_.options().algorithm, comm_.options().timeout);
@@ -141,9 +163,9 @@ class Driver {
     c.rank = rank_;
     c.size = n_;
     c.blocking = s_.blocking != 0;
-    std::byte* recv = recv_.data() + shift;
+    std::byte* recv = recv_base() + shift;
     const auto r = static_cast<std::size_t>(rank_);
-    c.in = in_place ? recv + r * l.send_in_place * elem : send_.data() + shift;
+    c.in = in_place ? recv + r * l.send_in_place * elem : send_base() + shift;
     c.out = in_place ? recv + r * l.recv_in_place * elem : recv;
     return c;
   }
@@ -175,23 +197,30 @@ class Driver {
   Result bench_time(const Layout& l, DataType dt, ReduceOp op, int root, bool in_place) {
     const std::size_t elem = size_of(dt);
     // 1. Inputs, one untimed call, everyone ready.
-    if (s_.check > 0) fill_input(call(l, dt, op, root, in_place, 0), 99);
+    if (s_.check > 0) write_input(call(l, dt, op, root, in_place, 0), 99);
     start(call(l, dt, op, root, in_place, 0));
     finish();
     comm_.barrier();
     // 2. Timed calls.
     const long calls = static_cast<long>(s_.iters) * s_.agg_iters;
     using Clock = std::chrono::steady_clock;
+    if (rt_) rt_->record(t0_, device::Stream{});
     const auto t0 = Clock::now();
     for (long i = 0; i < calls; ++i) start(call(l, dt, op, root, in_place, i));
     const auto posted = Clock::now();
+    if (rt_) rt_->record(t1_, device::Stream{});
     finish();
     const auto done = Clock::now();
     auto per_call = [&](Clock::time_point t) {
       return std::chrono::duration<double>(t - t0).count() / static_cast<double>(calls);
     };
+    double elapsed = per_call(done);
+    if (rt_) {  // device buffers: the stream's own clock, from before the first call to after the last
+      rt_->synchronize(t1_);
+      elapsed = static_cast<double>(rt_->elapsed_ms(t0_, t1_)) / 1e3 / static_cast<double>(calls);
+    }
     // Bandwidth always from the time to completion; -C reports the time to post instead.
-    const auto [t, cpu] = combine_times({per_call(done), per_call(posted)});
+    const auto [t, cpu] = combine_times({elapsed, per_call(posted)});
     Result res;
     res.time_us = (s_.report_cputime ? cpu : t) * 1e6;
     res.algbw = d_.algbw_elements(l, n_) * static_cast<double>(elem) / 1e9 / t;
@@ -204,13 +233,14 @@ class Driver {
         const std::uint64_t seed = ++rep_;
         std::memset(recv_.data(), 0, std::max(l.send, l.recv) * elem);
         const Call cl = call(l, dt, op, root, in_place, 0);
-        fill_input(cl, seed);
+        write_input(cl, seed);
         start(cl);
         finish();
+        const std::size_t extent = (std::max(l.send, l.recv) + static_cast<std::size_t>(n_) * l.recv_in_place) * elem;
         const std::string what = std::string(d_.name) + " " + std::string(nccl_name(dt)) + " " +
                                  std::string(to_string(op)) + " root " + std::to_string(root) + " size " +
                                  std::to_string(std::max(l.send, l.recv) * elem) + (in_place ? " in-place" : " out-of-place");
-        std::array<std::int64_t, 1> w{count_wrong(d_, cl, seed, what.c_str())};
+        std::array<std::int64_t, 1> w{count_wrong(d_, read_output(cl, extent), seed, what.c_str())};
         comm_.all_reduce(w, ReduceOp::sum);
         wrong = w[0];
         if (wrong != 0) break;
@@ -247,6 +277,42 @@ class Driver {
     } while (--repeat != 0);
   }
 
+  std::byte* send_base() { return rt_ ? dsend_ : send_.data(); }
+  std::byte* recv_base() { return rt_ ? drecv_ : recv_.data(); }
+  /// The host copy's address of a buffer address (the same on the host).
+  std::byte* host_of(const std::byte* p) {
+    if (!rt_) return const_cast<std::byte*>(p);
+    if (p >= dsend_ && p < dsend_ + capacity_) return send_.data() + (p - dsend_);
+    return recv_.data() + (p - drecv_);
+  }
+  /// Writes the call's input (into its host copy and, for device buffers, the device after it;
+  /// for in place, the receive buffer is written whole, as zeroed before the check).
+  void write_input(const Call& c, std::uint64_t seed) {
+    Call h = c;
+    h.in = host_of(c.in);
+    h.out = host_of(c.out);
+    fill_input(h, seed);
+    if (!rt_) return;
+    rt_->copy(dsend_, send_.data(), capacity_, device::Stream{});
+    rt_->copy(drecv_, recv_.data(), capacity_, device::Stream{});
+    rt_->synchronize(device::Stream{});
+  }
+  /// The call as the host sees it once done: for device buffers, the output copied back first.
+  Call read_output(const Call& c, std::size_t extent) {
+    Call h = c;
+    h.in = host_of(c.in);
+    h.out = host_of(c.out);
+    if (rt_) {
+      rt_->copy(recv_.data(), drecv_, std::min(extent, capacity_), device::Stream{});
+      rt_->synchronize(device::Stream{});
+    }
+    return h;
+  }
+
+  device::Runtime* rt_;          ///< null: host buffers
+  std::byte* dsend_ = nullptr;   ///< device buffers (with rt_); send_ and recv_ are their host copies
+  std::byte* drecv_ = nullptr;
+  device::Event t0_ = nullptr, t1_ = nullptr;
   const Collective& d_;
   Comm& comm_;
   const Settings& s_;
@@ -272,9 +338,15 @@ int perf_main(const Collective& d, int argc, char** argv) {
   int rank = -1;
   try {
     if (!launched_by_launcher()) return launch_local(settings.nranks, argc, argv);
+    std::unique_ptr<device::Runtime> runtime;
+    if (settings.device == "sim") runtime = std::make_unique<device::SimRuntime>();
+    if (settings.device == "cuda") runtime = make_cuda_runtime();
+    if (runtime && runtime->device_count() == 0)
+      throw Error(ErrorCode::unsupported, "--device " + settings.device + ": no device can be used");
+    device::set_default_runtime(runtime.get());
     Comm comm = Comm::create(job_options(settings));
     rank = comm.rank();
-    return Driver(d, comm, settings, program).run();
+    return Driver(d, comm, settings, program, runtime.get()).run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: rank %d: %s\n", program.c_str(), rank, e.what());
     return 1;

@@ -5,6 +5,9 @@
 ///     return perf_main(describe<AllReduce>(), argc, argv);
 ///   }
 
+#include <memory>
+
+#include "chorus/device/runtime.hpp"
 #include "coll/common/descriptor.hpp"
 #include "coll/common/programs.hpp"
 
@@ -13,5 +16,9 @@ namespace chorus::bench {
 /// main() of a *_perf program: parses the flags, starts or joins the ranks, prints the table.
 /// Exit status 1 when any element was wrong (or a rank failed), else 0.
 int perf_main(const Collective& collective, int argc, char** argv);
+
+/// The CUDA runtime for --device cuda (cuda_runtime.cu, compiled by nvcc); where this build has no
+/// CUDA, throws unsupported saying so (no_cuda_runtime.cpp).
+std::unique_ptr<device::Runtime> make_cuda_runtime();
 
 }  // namespace chorus::bench

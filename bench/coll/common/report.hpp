@@ -114,15 +114,20 @@ class Reporter {
     std::printf("# Collective test starting: %s\n", program_.c_str());
     const bool factor = s_.step_factor > 1;
     std::printf(
-        "# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: %d "
+        "# nThread 1 nGpus %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: %d "
         "validation: %d graph: 0 unalign: 0\n",
-        s_.min_bytes, s_.max_bytes, factor ? s_.step_factor : s_.step_bytes, factor ? "factor" : "bytes",
+        s_.ngpus, s_.min_bytes, s_.max_bytes, factor ? s_.step_factor : s_.step_bytes, factor ? "factor" : "bytes",
         s_.warmup_iters, s_.iters, s_.agg_iters, s_.check);
     if (s_.blocking == 1) std::printf("# Blocking Enabled: wait for completion and barrier after each collective \n");
     if (s_.blocking == 2) std::printf("# Blocking Enabled: wait for completion after each collective (no barrier) \n");
     std::printf("# chorus: %zu ranks, transport %.*s, algorithm %s, timeout %lld ms\n", ranks.size(),
                 int(transport.size()), transport.data(), algorithm.empty() ? "auto" : algorithm.c_str(),
                 static_cast<long long>(timeout.count()));
+    if (s_.device == "cuda")
+      std::printf("# chorus: buffers in device memory (CUDA runtime), timed with CUDA events\n");
+    else if (s_.device == "sim")
+      std::printf("# chorus: buffers in simulated device memory (device::SimRuntime, no GPU): a check of the device "
+                  "path; its times are not a GPU's\n");
     std::printf("#\n# Using devices\n");
     for (const auto& r : ranks)
       std::printf("#  Rank %2d Group %2d Pid %6d on %10s transport %.*s\n", r.rank, 0, r.pid, r.host.c_str(),
@@ -131,7 +136,8 @@ class Reporter {
       auto& j = *json_;
       j["config"] = {
           {"nthreads", 1},
-          {"ngpus", 1},
+          {"ngpus", s_.ngpus},
+          {"device", s_.device},
           {"minimum_bytes", s_.min_bytes},
           {"maximum_bytes", s_.max_bytes},
           {factor ? "step_factor" : "step_bytes", factor ? s_.step_factor : s_.step_bytes},

@@ -47,6 +47,8 @@ struct Settings {
   std::size_t chunk_bytes = 0;        ///< --chunk_bytes: 0 is the cost model's
   int nranks = 4;                     ///< --nranks: processes to start when no launcher did
   bool show_algo = false;             ///< --show-algo
+  int ngpus = 0;                      ///< -g: 1 puts every rank's buffers on a device, 0 on the host
+  std::string device = "host";        ///< --device: host, cuda (the CUDA runtime) or sim (simulated)
 
   std::vector<std::string> argv;      ///< as given, for the JSON record
 };
@@ -143,10 +145,18 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
   app.add_option("-J,--output_file", s.output_file, "write the results as JSON to this file (*.json)");
-  int one_thread = 1, one_gpu = 1, graph = 0, parallel_init = 0, stream_null = 0;
+  int one_thread = 1, graph = 0, parallel_init = 0, stream_null = 0;
   app.add_option("-t,--nthreads", one_thread, "nccl-tests' threads per process: only 1 (use --nranks)")
       ->check(CLI::Range(1, 1));
-  app.add_option("-g,--ngpus", one_gpu, "nccl-tests' GPUs per thread: only 1 (use --nranks)")->check(CLI::Range(1, 1));
+  app.add_option("-g,--ngpus", s.ngpus,
+                 "GPUs per rank: 1 puts the buffers in device memory (--device, default cuda), 0 in host memory")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
+  std::string device;
+  app.add_option("--device", device,
+                 "where the buffers are: host, cuda (device memory through the CUDA runtime; needs a build "
+                 "with nvcc) or sim (the simulated CUDA runtime: checks the device path, its times mean little)")
+      ->check(CLI::IsMember({"host", "cuda", "sim"}));
   app.add_option("-G,--cudagraph", graph, "nccl-tests' CUDA graph launches: only 0")->check(CLI::Range(0, 0));
   app.add_option("-p,--parallel_init", parallel_init, "accepted for nccl-tests command lines; no effect")
       ->check(CLI::Range(0, 1));
@@ -181,6 +191,10 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
     if (s.step_factor <= 1 && s.step_bytes == 0)
       throw CLI::ValidationError("--stepbytes", "must be positive when --stepfactor is 1");
     if (s.algorithm == "auto") s.algorithm.clear();
+    if (device.empty()) device = s.ngpus > 0 ? "cuda" : "host";
+    if (device == "host" && s.ngpus > 0) throw CLI::ValidationError("--device", "host contradicts -g 1");
+    s.device = device;
+    s.ngpus = device == "host" ? 0 : 1;
     if (type == "all") {
       s.types.assign(std::begin(kNcclTypeOrder), std::end(kNcclTypeOrder));
     } else if (auto t = parse_data_type(type)) {

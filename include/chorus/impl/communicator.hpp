@@ -186,6 +186,12 @@ struct Communicator<T>::State {
                       (ko == MemoryKind::device ? "device" : "host") + " memory: one call takes buffers of one kind");
     return has_in ? ki : ko;
   }
+  /// Point-to-point calls move host memory only (yet): device buffers are refused, not misread.
+  void refuse_device(const void* p, std::size_t n, int peer, const char* verb) const {
+    if (runtime && n != 0 && runtime->kind_of(p) == MemoryKind::device)
+      throw Error(ErrorCode::unsupported, ctx(peer, verb),
+                  "send and recv take host buffers; this one is in device memory (the collectives take device buffers)");
+  }
   exec::DeviceExecutor& device_executor() {
     if (!device_exec) {
       device_exec = std::make_unique<exec::DeviceExecutor>(*runtime, boot.options.timeout);
@@ -511,12 +517,14 @@ algo::TransportModel Communicator<T>::cost_model() const {
 template <Transport T>
 Request Communicator<T>::isend_bytes(ConstBytes data, int peer, int tag) {
   detail::check_p2p_args(rank(), size(), peer, tag, "send");
+  s_->refuse_device(data.data, data.size, peer, "send");
   return s_->transport->link(s_->group.members[peer]).isend(data, s_->group.context | static_cast<Tag>(tag));
 }
 
 template <Transport T>
 Request Communicator<T>::irecv_bytes(MutableBytes data, int peer, int tag) {
   detail::check_p2p_args(rank(), size(), peer, tag, "recv");
+  s_->refuse_device(data.data, data.size, peer, "recv");
   return s_->transport->link(s_->group.members[peer]).irecv(data, s_->group.context | static_cast<Tag>(tag));
 }
 

@@ -1,0 +1,78 @@
+// The GPU suite's collective matrix: support/device_matrix.hpp on real device buffers through the
+// CUDA runtime (device/cuda_runtime.hpp, built by nvcc in tests/cuda/support/cuda_runtime.cu; this
+// file is host code), ranks as processes over shm and tcp at worlds 2 and 3 sharing the GPUs
+// (rank r on device r % device_count()). Without a GPU the test exits 77 (skipped); with
+// REQUIRE_GPU=1 that is a failure instead.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "chorus/communicator.hpp"
+#include "chorus/device/runtime.hpp"
+#include "support/communicators.hpp"
+#include "support/device_matrix.hpp"
+#include "support/spawn.hpp"
+
+namespace chorus::test {
+/// The CUDA runtime (tests/cuda/support/cuda_runtime.cu).
+std::unique_ptr<chorus::device::Runtime> make_cuda_runtime();
+}  // namespace chorus::test
+
+namespace cuda_test_collectives {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+/// Exits 77 (or fails, with REQUIRE_GPU=1) when no GPU can be used.
+void require_gpu() {
+  int devices = 0;
+  std::string why;
+  try {
+    devices = chorus::test::make_cuda_runtime()->device_count();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (devices > 0) return;
+  const char* req = std::getenv("REQUIRE_GPU");
+  if (req && std::string(req) == "1") FAIL("REQUIRE_GPU=1 but no GPU can be used: " << why);
+  std::printf("skipped: no GPU can be used%s%s\n", why.empty() ? "" : ": ", why.c_str());
+  std::fflush(stdout);
+  std::_Exit(77);
+}
+
+template <class Comm>
+void matrix(int world) {
+  require_gpu();
+  chorus::test::ProcessOptions p;
+  p.timeout = 280s;
+  p.comm_timeout = 60s;
+  chorus::test::run_processes(
+      world,
+      [world](int rank, chorus::Options o) {
+        auto rt = chorus::test::make_cuda_runtime();
+        rt->set_device(rank % rt->device_count());
+        o.chunk_bytes = 512;
+        Comm comm = Comm::create(o);
+        std::ostringstream where;
+        where << "(" << Comm::transport_type::kName << ", world " << world << ", CUDA)";
+        chorus::test::device_matrix::run_all(comm, *rt, where.str());
+      },
+      p);
+}
+
+using ShmComm = chorus::Communicator<chorus::shm::Transport>;
+using TcpComm = chorus::Communicator<chorus::tcp::Transport>;
+
+}  // namespace
+
+TEST_CASE("gpu: collectives on device buffers over shm, world 2") { matrix<ShmComm>(2); }
+TEST_CASE("gpu: collectives on device buffers over shm, world 3") { matrix<ShmComm>(3); }
+TEST_CASE("gpu: collectives on device buffers over tcp, world 2") { matrix<TcpComm>(2); }
+
+}  // namespace cuda_test_collectives
