@@ -185,6 +185,8 @@ TEST_CASE("grid emulator: reduce kernel body equals the host reduce, bit for bit
       for (std::size_t count : kCounts) {
         for (const auto& offsets : kOffsets) {
           for (Placement placement : {Placement::separate, Placement::out_is_a, Placement::out_is_b}) {
+            // The largest count in two layouts (packs; elements only), the others in every one.
+            if (count > 5000 && (placement != Placement::separate || (offsets[0] != 0 && offsets[0] != 1))) continue;
             // In place: the misaligned layouts once each, not for every count.
             if (placement != Placement::separate && count > 300 && offsets[0] != 0) continue;
             const int world = kWorldSizes[static_cast<std::size_t>(cases) % std::size(kWorldSizes)];
