@@ -69,10 +69,11 @@ std::vector<unsigned char> device_reduce(ReduceOp op, DataType dt, const std::ve
                                          const std::array<std::size_t, 3>& offsets, bool in_place, int world) {
   const std::size_t size = chorus::size_of(dt);
   const std::size_t bytes = count * size;
-  DeviceMemory mem(3 * (bytes + 512));
+  const std::size_t region = (bytes + 16 + 255) / 256 * 256;  // cudaMalloc aligns to 256 bytes at least
+  DeviceMemory mem(3 * region);
   unsigned char* d_out = mem.at(offsets[0] / size * size);
-  unsigned char* d_a = mem.at(bytes + 512 + offsets[1] / size * size);
-  unsigned char* d_b = mem.at(2 * (bytes + 512) + offsets[2] / size * size);
+  unsigned char* d_a = mem.at(region + offsets[1] / size * size);
+  unsigned char* d_b = mem.at(2 * region + offsets[2] / size * size);
   cuda_require(cudaMemcpy(d_a, a.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   cuda_require(cudaMemcpy(d_b, b.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   if (in_place) d_out = d_a;
