@@ -17,6 +17,10 @@
 ///   * any other cudaGetDeviceCount error: a failure.
 /// Listing the cases (--list-test-cases, used at build time to register them) needs no GPU.
 ///
+/// The host test main (chorus_test_main) is not linked here: it carries doctest's own main. A GPU
+/// test that needs the rank launchers of tests/support (spawn.hpp, communicators.hpp) adds their
+/// .cpp files to its executable's sources in tests/CMakeLists.txt instead.
+///
 /// ```cpp
 /// #include "cuda/gpu_test.hpp"
 /// TEST_CASE("my kernel") {
