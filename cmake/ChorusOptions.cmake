@@ -69,6 +69,15 @@ macro(chorus_enable_cuda_language)
   endif()
 endmacro()
 
+# chorus_cuda_warnings(<target>): nvcc's warnings for the CUDA sources of one of chorus's own
+# targets: the host compiler's -Wall -Wextra, and with CHORUS_WERROR every warning of nvcc
+# (-Werror all-warnings) and of the host compiler (-Xcompiler=-Werror) an error.
+function(chorus_cuda_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>:-Xcompiler=-Wall,-Wextra>
+    $<$<AND:$<BOOL:${CHORUS_WERROR}>,$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>>:-Werror=all-warnings -Xcompiler=-Werror>)
+endfunction()
+
 # Defines chorus::cuda and chorus::rdma for the backends that are ON.
 function(chorus_define_backend_targets)
   if(CHORUS_WITH_CUDA)

@@ -1,0 +1,175 @@
+#pragma once
+/// device::CudaRuntime: device::Runtime (device/runtime.hpp) on the CUDA runtime API, with the
+/// reduction kernels of reduce/cuda. Compiled only by nvcc (__CUDACC__): a translation unit that
+/// uses it is a .cu file linked with chorus::cuda; a host compiler sees an empty header, so
+/// headers that include it stay host-compilable.
+///
+/// ```cpp
+/// chorus::device::CudaRuntime rt;
+/// if (rt.device_count() == 0) return;              // no GPU: never throws for that
+/// void* d = rt.alloc_device(bytes);
+/// chorus::device::Stream s = rt.create_stream();
+/// rt.copy(d, host_ptr, bytes, s);
+/// rt.reduce(chorus::ReduceOp::sum, chorus::DataType::float32, d, d, other, count, s);
+/// rt.synchronize(s);
+/// ```
+///
+/// Errors: every failing runtime call throws chorus::Error, ErrorCode::system (unsupported when
+/// the error means there is no GPU, device::means_no_gpu), with the text "cudaXxx: cudaErrorName (N)".
+
+#include "chorus/config.hpp"
+
+#if defined(__CUDACC__)
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "chorus/core/error.hpp"
+#include "chorus/device/runtime.hpp"
+#include "chorus/reduce/cuda/reduce.cuh"
+
+namespace chorus::device {
+
+namespace detail {
+
+/// Throws for any status but cudaSuccess; `call` names the runtime function.
+inline void cuda_check(cudaError_t status, std::string_view call) {
+  if (status == cudaSuccess) return;
+  const int n = static_cast<int>(status);
+  throw Error(means_no_gpu(n) ? ErrorCode::unsupported : ErrorCode::system,
+              std::string(call) + ": " + cudaGetErrorName(status) + " (" + std::to_string(n) + ")");
+}
+
+/// The device's nanosecond clock (%globaltimer; its resolution is about a microsecond).
+__device__ __forceinline__ std::uint64_t global_timer_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/// One thread spins until *flag != 0 or timeout_ns have passed. The loads are volatile, so each
+/// one reads the mapped host memory again (the host writes it through PCIe or NVLink-C2C). A
+/// template only so that every translation unit may define it (Flag: const volatile uint32_t*).
+template <class Flag>
+__global__ void wait_flag_kernel(Flag flag, std::uint64_t timeout_ns) {
+  const std::uint64_t start = global_timer_ns();
+  while (*flag == 0) {
+    if (global_timer_ns() - start >= timeout_ns) return;
+  }
+  // What the host wrote before its release store is visible to the work after this kernel.
+  __threadfence_system();
+}
+
+}  // namespace detail
+
+class CudaRuntime final : public Runtime {
+ public:
+  std::string_view name() const noexcept override { return "cuda"; }
+
+  int device_count() override {
+    int n = 0;
+    const cudaError_t status = cudaGetDeviceCount(&n);
+    if (status != cudaSuccess && means_no_gpu(static_cast<int>(status))) {
+      (void)cudaGetLastError();  // not sticky, but leave nothing behind for the next check
+      return 0;
+    }
+    detail::cuda_check(status, "cudaGetDeviceCount");
+    return n;
+  }
+  void set_device(int device) override { detail::cuda_check(cudaSetDevice(device), "cudaSetDevice"); }
+  int current_device() override {
+    int d = 0;
+    detail::cuda_check(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+  }
+
+  MemoryKind kind_of(const void* p) override {
+    cudaPointerAttributes attr{};
+    const cudaError_t status = cudaPointerGetAttributes(&attr, p);
+    if (status == cudaErrorInvalidValue) {  // memory CUDA never saw (older drivers say so)
+      (void)cudaGetLastError();
+      return MemoryKind::host;
+    }
+    detail::cuda_check(status, "cudaPointerGetAttributes");
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? MemoryKind::device
+                                                                                      : MemoryKind::host;
+  }
+  void* alloc_device(std::size_t bytes) override {
+    void* p = nullptr;
+    // cudaMalloc(0) gives null: one byte keeps the pointer valid and unique.
+    detail::cuda_check(cudaMalloc(&p, bytes != 0 ? bytes : 1), "cudaMalloc");
+    return p;
+  }
+  void free_device(void* p) override {
+    if (p != nullptr) detail::cuda_check(cudaFree(p), "cudaFree");
+  }
+  void* alloc_pinned(std::size_t bytes) override {
+    void* p = nullptr;
+    detail::cuda_check(cudaHostAlloc(&p, bytes != 0 ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped),
+                       "cudaHostAlloc");
+    return p;
+  }
+  void free_pinned(void* p) override {
+    if (p != nullptr) detail::cuda_check(cudaFreeHost(p), "cudaFreeHost");
+  }
+
+  Stream create_stream() override {
+    cudaStream_t s = nullptr;
+    detail::cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return s;
+  }
+  void destroy_stream(Stream s) override { detail::cuda_check(cudaStreamDestroy(s), "cudaStreamDestroy"); }
+  Event create_event(bool timing) override {
+    cudaEvent_t e = nullptr;
+    detail::cuda_check(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+                       "cudaEventCreateWithFlags");
+    return e;
+  }
+  void destroy_event(Event e) override { detail::cuda_check(cudaEventDestroy(e), "cudaEventDestroy"); }
+  void record(Event e, Stream s) override { detail::cuda_check(cudaEventRecord(e, s), "cudaEventRecord"); }
+  bool query(Event e) override {
+    const cudaError_t status = cudaEventQuery(e);
+    if (status == cudaErrorNotReady) return false;
+    detail::cuda_check(status, "cudaEventQuery");
+    return true;
+  }
+  void synchronize(Event e) override { detail::cuda_check(cudaEventSynchronize(e), "cudaEventSynchronize"); }
+  void synchronize(Stream s) override { detail::cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
+  void wait(Stream s, Event e) override { detail::cuda_check(cudaStreamWaitEvent(s, e, 0), "cudaStreamWaitEvent"); }
+  float elapsed_ms(Event start, Event end) override {
+    float ms = 0.0f;
+    detail::cuda_check(cudaEventElapsedTime(&ms, start, end), "cudaEventElapsedTime");
+    return ms;
+  }
+
+  void copy(void* dst, const void* src, std::size_t bytes, Stream s) override {
+    if (bytes == 0) return;
+    detail::cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+  }
+  void fill(void* dst, int byte, std::size_t bytes, Stream s) override {
+    if (bytes == 0) return;
+    detail::cuda_check(cudaMemsetAsync(dst, byte, bytes, s), "cudaMemsetAsync");
+  }
+  void reduce(ReduceOp op, DataType dt, void* out, const void* a, const void* b, std::size_t count,
+              Stream s) override {
+    detail::cuda_check(reduce_async(op, dt, out, a, b, count, s), "reduce_async");
+  }
+  void finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) override {
+    detail::cuda_check(finalize_avg_async(dt, data, count, world_size, s), "finalize_avg_async");
+  }
+  void wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) override {
+    void* mapped = nullptr;
+    detail::cuda_check(cudaHostGetDevicePointer(&mapped, const_cast<std::uint32_t*>(flag), 0),
+                       "cudaHostGetDevicePointer");
+    detail::wait_flag_kernel<<<1, 1, 0, s>>>(static_cast<const volatile std::uint32_t*>(mapped), timeout_ns);
+    detail::cuda_check(cudaGetLastError(), "cudaLaunchKernel");
+  }
+};
+
+}  // namespace chorus::device
+
+#endif  // defined(__CUDACC__)

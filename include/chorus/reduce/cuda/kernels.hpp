@@ -1,0 +1,202 @@
+#pragma once
+/// The bodies of the reduction kernels, as plain host+device code: what one CUDA thread does,
+/// given its grid coordinates. reduce.cuh wraps them in `__global__` functions and launches them;
+/// device/grid_emulator.hpp runs the very same bodies on the host, thread by thread, so the code
+/// that computes each element is tested on machines without a GPU. A host compiler compiles this
+/// header as ordinary C++ (CHORUS_HOST_DEVICE is empty there).
+///
+/// ```cpp
+/// using namespace chorus;
+/// const DeviceReduceArgs<float> args{out, a, b, count};
+/// const LaunchShape shape = reduce_launch_shape<float>(count);
+/// // on the device: ReduceBody<Sum, float>{}(args, GridCoord{blockIdx.x, blockDim.x, gridDim.x, threadIdx.x});
+/// ```
+///
+/// Layers (CUB style): the launcher (reduce.cuh: validation, LaunchShape, dispatch on dtype and op
+/// through visit_reduce_kernel) -> the `__global__` wrapper (reduce.cuh) -> the body here (a
+/// grid-stride loop over 16-byte packs, then the elements the packs do not cover) -> reduce_pack
+/// (one thread, one pack). Launch constants live in DeviceReduceTuning, nowhere else.
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "chorus/config.hpp"
+#include "chorus/core/types.hpp"
+#include "chorus/reduce/ops.hpp"
+
+namespace chorus {
+
+/// Launch constants for the reduction kernels.
+struct DeviceReduceTuning {
+  static constexpr unsigned kThreadsPerBlock = 256;
+  /// Grid-size cap; the kernels loop (grid stride) over what one grid does not cover.
+  static constexpr unsigned kMaxBlocks = 4096;
+  /// Bytes one thread loads from each input per step when out, a and b are all this aligned
+  /// (one 128-bit load and store per operand), else one element at a time.
+  static constexpr std::size_t kPackBytes = 16;
+};
+
+/// A one-dimensional launch: blocks of threads.
+struct LaunchShape {
+  unsigned blocks;
+  unsigned threads;
+};
+
+/// One thread's place in a one-dimensional grid: blockIdx.x, blockDim.x, gridDim.x, threadIdx.x.
+struct GridCoord {
+  unsigned block;
+  unsigned block_dim;
+  unsigned grid_dim;
+  unsigned thread;
+
+  /// This thread's index in the grid, and the number of threads in the grid (the stride).
+  CHORUS_HOST_DEVICE constexpr std::size_t global_thread() const noexcept {
+    return static_cast<std::size_t>(block) * block_dim + thread;
+  }
+  CHORUS_HOST_DEVICE constexpr std::size_t grid_threads() const noexcept {
+    return static_cast<std::size_t>(grid_dim) * block_dim;
+  }
+};
+
+/// Arguments of the reduce kernel, passed by value: plain pointers and a count, nothing owned.
+template <class T>
+struct DeviceReduceArgs {
+  T* out;      ///< may equal a or b (each element is read before it is written, by one thread)
+  const T* a;  ///< first operand of every op(a[i], b[i])
+  const T* b;
+  std::size_t count;
+};
+
+/// Arguments of the finalize_avg kernel.
+template <class T>
+struct DeviceAvgArgs {
+  T* data;
+  std::size_t count;
+  int world_size;
+};
+
+static_assert(std::is_trivially_copyable_v<DeviceReduceArgs<float>> &&
+              std::is_trivially_copyable_v<DeviceReduceArgs<float16>> &&
+              std::is_trivially_copyable_v<DeviceAvgArgs<bfloat16>> && std::is_trivially_copyable_v<GridCoord>);
+
+namespace detail {
+
+template <class T>
+inline constexpr std::size_t kElementsPerPack = DeviceReduceTuning::kPackBytes / sizeof(T);
+
+/// kElementsPerPack<T> elements, aligned so that a copy is one vector load or store.
+template <class T>
+struct alignas(DeviceReduceTuning::kPackBytes) DevicePack {
+  T v[kElementsPerPack<T>];
+};
+
+/// Blocks for `work` items of one thread each, at least 1, capped (grid stride covers the rest).
+CHORUS_HOST_DEVICE constexpr unsigned blocks_for(std::size_t work) noexcept {
+  constexpr std::size_t kThreads = DeviceReduceTuning::kThreadsPerBlock;
+  const std::size_t blocks = (work + kThreads - 1) / kThreads;
+  if (blocks == 0) return 1;
+  return blocks < DeviceReduceTuning::kMaxBlocks ? static_cast<unsigned>(blocks) : DeviceReduceTuning::kMaxBlocks;
+}
+
+/// One thread's step on one pack: loads both packs whole, then stores one (so out may be a or b).
+template <class Op, class T>
+CHORUS_HOST_DEVICE inline void reduce_pack(DevicePack<T>* out, const DevicePack<T>* a, const DevicePack<T>* b) {
+  DevicePack<T> x = *a;
+  const DevicePack<T> y = *b;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::size_t k = 0; k < kElementsPerPack<T>; ++k) x.v[k] = Op{}(x.v[k], y.v[k]);
+  *out = x;
+}
+
+}  // namespace detail
+
+/// Grid of the reduce kernel for `count` elements of T: one thread per pack (the unaligned path
+/// loops over the same grid).
+template <class T>
+CHORUS_HOST_DEVICE constexpr LaunchShape reduce_launch_shape(std::size_t count) noexcept {
+  constexpr std::size_t kPer = detail::kElementsPerPack<T>;
+  return {detail::blocks_for((count + kPer - 1) / kPer), DeviceReduceTuning::kThreadsPerBlock};
+}
+
+/// Grid of the finalize_avg kernel: one thread per element.
+CHORUS_HOST_DEVICE constexpr LaunchShape finalize_avg_launch_shape(std::size_t count) noexcept {
+  return {detail::blocks_for(count), DeviceReduceTuning::kThreadsPerBlock};
+}
+
+/// The reduce kernel's body for one thread: out[i] = Op{}(a[i], b[i]). When out, a and b are all
+/// 16-byte aligned, the thread takes packs first + k * stride (first = its grid index, stride =
+/// the grid's thread count), then the elements past the last whole pack the same way; otherwise
+/// it takes elements first + k * stride. So every element belongs to exactly one thread, and
+/// adjacent threads touch adjacent memory (coalesced).
+template <class Op, class T>
+struct ReduceBody {
+  CHORUS_HOST_DEVICE void operator()(const DeviceReduceArgs<T>& args, GridCoord g) const {
+    constexpr std::size_t kPer = detail::kElementsPerPack<T>;
+    constexpr auto kAlignMask = static_cast<std::uintptr_t>(DeviceReduceTuning::kPackBytes - 1);
+    const std::size_t first = g.global_thread();
+    const std::size_t stride = g.grid_threads();
+    const bool aligned = ((reinterpret_cast<std::uintptr_t>(args.out) | reinterpret_cast<std::uintptr_t>(args.a) |
+                           reinterpret_cast<std::uintptr_t>(args.b)) &
+                          kAlignMask) == 0;
+    std::size_t done = 0;
+    if (aligned) {
+      const std::size_t packs = args.count / kPer;
+      auto* out = reinterpret_cast<detail::DevicePack<T>*>(args.out);
+      const auto* a = reinterpret_cast<const detail::DevicePack<T>*>(args.a);
+      const auto* b = reinterpret_cast<const detail::DevicePack<T>*>(args.b);
+      for (std::size_t p = first; p < packs; p += stride) detail::reduce_pack<Op>(out + p, a + p, b + p);
+      done = packs * kPer;
+    }
+    for (std::size_t i = done + first; i < args.count; i += stride) args.out[i] = Op{}(args.a[i], args.b[i]);
+  }
+};
+
+/// The finalize_avg kernel's body for one thread: data[i] = avg_divide(data[i], world_size) for
+/// i = first + k * stride.
+template <class T>
+struct FinalizeAvgBody {
+  CHORUS_HOST_DEVICE void operator()(const DeviceAvgArgs<T>& args, GridCoord g) const {
+    const std::size_t stride = g.grid_threads();
+    for (std::size_t i = g.global_thread(); i < args.count; i += stride)
+      args.data[i] = avg_divide(args.data[i], args.world_size);
+  }
+};
+
+/// Whether the reduce kernel exists for (op, dt): dt and op inside their enumerations, and the
+/// bitwise ops for integer types only (is_valid_op). Host code.
+constexpr bool reduce_kernel_exists(ReduceOp op, DataType dt) noexcept {
+  return size_of(dt) != 0 && is_valid_op(dt, op);
+}
+
+/// Calls `f.template operator()<Op, T>()` (a lambda `[&]<class Op, class T>() {...}`) with the
+/// functor and element type of (op, dt), avg mapped to Sum; returns what f returns. Precondition:
+/// reduce_kernel_exists(op, dt). The one op-to-functor mapping of the launcher and the emulator.
+template <class F>
+decltype(auto) visit_reduce_kernel(ReduceOp op, DataType dt, F&& f) {
+  return dispatch(dt, [&]<class T>(std::type_identity<T>) -> decltype(auto) {
+    switch (op) {
+      case ReduceOp::prod:
+        return f.template operator()<Prod, T>();
+      case ReduceOp::min:
+        return f.template operator()<Min, T>();
+      case ReduceOp::max:
+        return f.template operator()<Max, T>();
+      case ReduceOp::band:
+        return f.template operator()<BitAnd, T>();
+      case ReduceOp::bor:
+        return f.template operator()<BitOr, T>();
+      case ReduceOp::bxor:
+        return f.template operator()<BitXor, T>();
+      case ReduceOp::sum:
+      case ReduceOp::avg:
+        break;
+    }
+    return f.template operator()<Sum, T>();
+  });
+}
+
+}  // namespace chorus

@@ -1,0 +1,202 @@
+#include "chorus/device/cuda_runtime.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "chorus/core/error.hpp"
+#include "cuda/gpu_test.hpp"
+
+// device::CudaRuntime on a GPU: devices, memory kinds, copies and fills, streams and events,
+// reductions, wait_flag released by the host or timing out, and the text of its errors.
+
+namespace {
+
+using chorus::MemoryKind;
+using chorus::device::CudaRuntime;
+using chorus::device::Event;
+using chorus::device::Stream;
+
+/// A stream and two events, destroyed at scope exit.
+struct StreamAndEvents {
+  explicit StreamAndEvents(CudaRuntime& rt, bool timing = false)
+      : rt(rt), s(rt.create_stream()), start(rt.create_event(timing)), end(rt.create_event(timing)) {}
+  ~StreamAndEvents() {
+    rt.destroy_event(end);
+    rt.destroy_event(start);
+    rt.destroy_stream(s);
+  }
+  StreamAndEvents(const StreamAndEvents&) = delete;
+  StreamAndEvents& operator=(const StreamAndEvents&) = delete;
+  CudaRuntime& rt;
+  Stream s;
+  Event start;
+  Event end;
+};
+
+}  // namespace
+
+TEST_CASE("runtime: devices") {
+  CudaRuntime rt;
+  CHECK(rt.name() == "cuda");
+  REQUIRE(rt.device_count() > 0);
+  rt.set_device(0);
+  CHECK(rt.current_device() == 0);
+}
+
+TEST_CASE("runtime: memory kinds and allocations") {
+  CudaRuntime rt;
+  void* d = rt.alloc_device(1024);
+  void* d0 = rt.alloc_device(0);
+  void* d0b = rt.alloc_device(0);
+  void* pinned = rt.alloc_pinned(256);
+  void* managed = nullptr;
+  chorus::test::gpu::cuda_require(cudaMallocManaged(&managed, 64), "cudaMallocManaged");
+  std::vector<int> pageable(16);
+  int on_stack = 0;
+  CHECK(rt.kind_of(d) == MemoryKind::device);
+  CHECK(rt.kind_of(static_cast<char*>(d) + 1000) == MemoryKind::device);
+  CHECK(rt.kind_of(managed) == MemoryKind::device);
+  CHECK(rt.kind_of(pinned) == MemoryKind::host);
+  CHECK(rt.kind_of(pageable.data()) == MemoryKind::host);
+  CHECK(rt.kind_of(&on_stack) == MemoryKind::host);
+  CHECK(d0 != nullptr);
+  CHECK(d0 != d0b);
+  CHECK(rt.kind_of(d0) == MemoryKind::device);
+  (void)cudaFree(managed);
+  rt.free_pinned(pinned);
+  rt.free_device(d0b);
+  rt.free_device(d0);
+  rt.free_device(d);
+  rt.free_device(nullptr);
+  rt.free_pinned(nullptr);
+}
+
+TEST_CASE("runtime: copies and fills between host, pinned and device memory, ordered by events") {
+  CudaRuntime rt;
+  constexpr std::size_t kBytes = (1 << 20) + 13;
+  std::vector<unsigned char> src(kBytes);
+  std::iota(src.begin(), src.end(), static_cast<unsigned char>(7));
+  auto* dev = static_cast<unsigned char*>(rt.alloc_device(kBytes));
+  auto* pinned = static_cast<unsigned char*>(rt.alloc_pinned(kBytes));
+  StreamAndEvents one(rt);
+  StreamAndEvents two(rt);
+
+  // Stream one: host -> device, a fill of a middle range; stream two waits for it, then device ->
+  // pinned. Without the wait the copy on two could run first.
+  rt.copy(dev, src.data(), kBytes, one.s);
+  rt.fill(dev + 100, 0xee, 1000, one.s);
+  rt.record(one.end, one.s);
+  rt.wait(two.s, one.end);
+  rt.copy(pinned, dev, kBytes, two.s);
+  rt.record(two.end, two.s);
+  rt.synchronize(two.end);
+  CHECK(rt.query(two.end));
+  CHECK(rt.query(one.end));
+  std::vector<unsigned char> want(src);
+  std::memset(want.data() + 100, 0xee, 1000);
+  CHECK(std::memcmp(pinned, want.data(), kBytes) == 0);
+
+  // pinned -> host and a zero-byte copy.
+  std::vector<unsigned char> back(kBytes);
+  rt.copy(back.data(), pinned, kBytes, one.s);
+  rt.copy(back.data(), pinned, 0, one.s);
+  rt.synchronize(one.s);
+  CHECK(back == want);
+  rt.free_pinned(pinned);
+  rt.free_device(dev);
+}
+
+TEST_CASE("runtime: reduce and finalize_avg through the runtime") {
+  CudaRuntime rt;
+  constexpr std::size_t kCount = 1001;
+  std::vector<float> a(kCount), b(kCount);
+  for (std::size_t i = 0; i < kCount; ++i) {
+    a[i] = static_cast<float>(i);
+    b[i] = 3.0f * static_cast<float>(i) + 1.0f;
+  }
+  auto* da = static_cast<float*>(rt.alloc_device(kCount * sizeof(float)));
+  auto* db = static_cast<float*>(rt.alloc_device(kCount * sizeof(float)));
+  StreamAndEvents se(rt);
+  rt.copy(da, a.data(), kCount * sizeof(float), se.s);
+  rt.copy(db, b.data(), kCount * sizeof(float), se.s);
+  rt.reduce(chorus::ReduceOp::avg, chorus::DataType::float32, da, da, db, kCount, se.s);
+  rt.finalize_avg(chorus::DataType::float32, da, kCount, 2, se.s);
+  std::vector<float> got(kCount);
+  rt.copy(got.data(), da, kCount * sizeof(float), se.s);
+  rt.synchronize(se.s);
+  for (std::size_t i = 0; i < kCount; ++i) {
+    CAPTURE(i);
+    REQUIRE(got[i] == 2.0f * static_cast<float>(i) + 0.5f);  // exact in float
+  }
+  CHECK_THROWS_AS(rt.reduce(chorus::ReduceOp::bxor, chorus::DataType::float32, da, da, db, kCount, se.s),
+                  chorus::Error);
+  rt.free_device(db);
+  rt.free_device(da);
+}
+
+TEST_CASE("runtime: wait_flag holds the stream until the host sets the flag") {
+  CudaRuntime rt;
+  auto* flag = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  auto* payload = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  *flag = 0;
+  *payload = 0;
+  auto* dev = static_cast<std::uint32_t*>(rt.alloc_device(sizeof(std::uint32_t)));
+  StreamAndEvents se(rt);
+  rt.fill(dev, 0, sizeof(std::uint32_t), se.s);
+  rt.wait_flag(se.s, flag, 60'000'000'000ull);  // 60 s: far past this test
+  rt.copy(dev, payload, sizeof(std::uint32_t), se.s);  // must see the payload written before the flag
+  rt.record(se.end, se.s);
+  // The kernel cannot finish before the flag is set (nor time out within the test), so the event
+  // is not reached, however long this thread took to get here.
+  CHECK_FALSE(rt.query(se.end));
+  *payload = 0xc0ffee;
+  std::atomic_ref<std::uint32_t>(*flag).store(1, std::memory_order_release);
+  rt.synchronize(se.end);
+  CHECK(rt.query(se.end));
+  std::uint32_t got = 0;
+  rt.copy(&got, dev, sizeof got, se.s);
+  rt.synchronize(se.s);
+  CHECK(got == 0xc0ffeeu);
+  rt.free_device(dev);
+  rt.free_pinned(payload);
+  rt.free_pinned(flag);
+}
+
+TEST_CASE("runtime: wait_flag gives up after its timeout; elapsed_ms measures it") {
+  CudaRuntime rt;
+  auto* flag = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  *flag = 0;
+  StreamAndEvents se(rt, /*timing=*/true);
+  rt.record(se.start, se.s);
+  rt.wait_flag(se.s, flag, 20'000'000ull);  // 20 ms, never released
+  rt.record(se.end, se.s);
+  rt.synchronize(se.end);
+  const float ms = rt.elapsed_ms(se.start, se.end);
+  CHECK(ms >= 19.0f);   // the device clock's resolution is about a microsecond
+  CHECK(ms < 10000.0f);
+  rt.free_pinned(flag);
+}
+
+TEST_CASE("runtime: errors name the call and the CUDA error") {
+  CudaRuntime rt;
+  try {
+    rt.set_device(rt.device_count() + 1000);
+    FAIL("set_device of a device that does not exist did not throw");
+  } catch (const chorus::Error& e) {
+    CHECK(e.code() == chorus::ErrorCode::system);
+    const std::string what = e.what();
+    CHECK(what.find("cudaSetDevice: cudaErrorInvalidDevice (101)") != std::string::npos);
+  }
+  StreamAndEvents se(rt);  // timing disabled: elapsed_ms is an error
+  rt.record(se.start, se.s);
+  rt.record(se.end, se.s);
+  rt.synchronize(se.end);
+  CHECK_THROWS_AS(rt.elapsed_ms(se.start, se.end), chorus::Error);
+}
