@@ -47,7 +47,7 @@ macro(chorus_enable_cuda_language)
     if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND CUDAToolkit_NVCC_EXECUTABLE)
       set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
     endif()
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    if(NOT CMAKE_CUDA_ARCHITECTURES)  # unset, or the empty cache entry another directory's enable_language left
       set(CMAKE_CUDA_ARCHITECTURES 80 90)   # A100, H100
     endif()
     include(CheckLanguage)

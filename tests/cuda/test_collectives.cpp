@@ -1,13 +1,11 @@
 // The GPU suite's collective matrix: support/device_matrix.hpp on real device buffers through the
 // CUDA runtime (device/cuda_runtime.hpp, built by nvcc in tests/cuda/support/cuda_runtime.cu; this
 // file is host code), ranks as processes over shm and tcp at worlds 2 and 3 sharing the GPUs
-// (rank r on device r % device_count()). Without a GPU the test exits 77 (skipped); with
-// REQUIRE_GPU=1 that is a failure instead.
+// (rank r on device r % device_count()). Without a GPU the GPU tests' main exits 77 (skipped);
+// with REQUIRE_GPU=1 that is a failure instead (cuda/gpu_test.hpp).
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -29,26 +27,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-/// Exits 77 (or fails, with REQUIRE_GPU=1) when no GPU can be used.
-void require_gpu() {
-  int devices = 0;
-  std::string why;
-  try {
-    devices = chorus::test::make_cuda_runtime()->device_count();
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
-  if (devices > 0) return;
-  const char* req = std::getenv("REQUIRE_GPU");
-  if (req && std::string(req) == "1") FAIL("REQUIRE_GPU=1 but no GPU can be used: " << why);
-  std::printf("skipped: no GPU can be used%s%s\n", why.empty() ? "" : ": ", why.c_str());
-  std::fflush(stdout);
-  std::_Exit(77);
-}
-
 template <class Comm>
 void matrix(int world) {
-  require_gpu();
   chorus::test::ProcessOptions p;
   p.timeout = 280s;
   p.comm_timeout = 60s;
