@@ -1,0 +1,580 @@
+// device::SimRuntime: the host implementation of the device runtime seam. Stream order, stream
+// independence, events, cross-stream waits, flags, memory kinds, the compute-sanitizer-like checks,
+// sticky errors and fault injection.
+#include "chorus/device/sim_runtime.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "chorus/reduce/host.hpp"
+#include "support/sanitized.hpp"
+#include "support/spawn.hpp"
+
+namespace unit_test_sim_runtime {
+
+using chorus::DataType;
+using chorus::Error;
+using chorus::ErrorCode;
+using chorus::MemoryKind;
+using chorus::ReduceOp;
+using chorus::device::Event;
+using chorus::device::SimRuntime;
+using chorus::device::Stream;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint64_t kLong = std::uint64_t(60) * 1000 * 1000 * 1000;  // 60 s: "never" in a test
+
+// The text of the chorus::Error with `code` that `f` throws (chorus::test::Failure otherwise).
+template <class F>
+std::string error_of(F&& f, ErrorCode code = ErrorCode::system) {
+  return chorus::test::expect_error(code, std::forward<F>(f), "the call").what();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A flag word in pinned memory, 0 (not set).
+std::uint32_t* new_flag(SimRuntime& rt) {
+  auto* flag = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  *flag = 0;
+  return flag;
+}
+
+void release(std::uint32_t* flag) { std::atomic_ref<std::uint32_t>(*flag).store(1, std::memory_order_release); }
+
+TEST_CASE("sim runtime: many operations on one stream apply in order") {
+  SimRuntime rt;
+  Stream s = rt.create_stream();
+  const int steps = chorus::test::kSanitized ? 100 : 500;
+  constexpr std::size_t n = 33;
+  std::vector<std::int32_t> ones(n, 1);
+  auto* acc = static_cast<std::int32_t*>(rt.alloc_device(n * 4));
+  auto* one = static_cast<std::int32_t*>(rt.alloc_device(n * 4));
+  rt.fill(acc, 0, n * 4, s);
+  rt.copy(one, ones.data(), n * 4, s);
+  // After the i-th reduce, a copy takes a snapshot: it sees exactly i + 1 in every element.
+  std::vector<std::int32_t> snaps(std::size_t(steps) * n, -1);
+  for (int i = 0; i < steps; ++i) {
+    rt.reduce(ReduceOp::sum, DataType::int32, acc, acc, one, n, s);
+    rt.copy(snaps.data() + std::size_t(i) * n, acc, n * 4, s);
+  }
+  rt.synchronize(s);
+  int wrong = 0;
+  for (int i = 0; i < steps; ++i)
+    for (std::size_t k = 0; k < n; ++k) wrong += snaps[std::size_t(i) * n + k] != i + 1;
+  CHECK(wrong == 0);
+  rt.free_device(acc);
+  rt.free_device(one);
+  rt.destroy_stream(s);
+}
+
+TEST_CASE("sim runtime: a fill, a copy and a reduce give the expected bytes") {
+  SimRuntime rt;
+  for (Stream s : {Stream(nullptr), rt.create_stream()}) {
+    constexpr std::size_t n = 1000;
+    auto* a = static_cast<std::int32_t*>(rt.alloc_device(n * 4));
+    auto* b = static_cast<std::int32_t*>(rt.alloc_device(n * 4));
+    std::vector<std::int32_t> in(n), out(n, 0);
+    std::iota(in.begin(), in.end(), 0);
+    rt.fill(a, 0x01, n * 4, s);
+    rt.copy(b, in.data(), n * 4, s);
+    rt.reduce(ReduceOp::sum, DataType::int32, b, a, b, n, s);
+    rt.copy(out.data(), b, n * 4, s);
+    rt.synchronize(s);
+    int wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += out[i] != 0x01010101 + std::int32_t(i);
+    CHECK(wrong == 0);
+    rt.free_device(a);
+    rt.free_device(b);
+    if (s != nullptr) rt.destroy_stream(s);
+  }
+}
+
+TEST_CASE("sim runtime: reduce and finalize_avg give the host's bits") {
+  SimRuntime rt;
+  constexpr std::size_t n = 1000 + 17;
+  std::vector<float> a(n), b(n), want(n), got(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    a[i] = 0.1f * float(i) - 3.0f;
+    b[i] = 1.0f / float(i + 1);
+  }
+  chorus::reduce(ReduceOp::sum, DataType::float32, want.data(), a.data(), b.data(), n);
+  chorus::finalize_avg(DataType::float32, want.data(), n, 3);
+  auto* da = rt.alloc_device(n * 4);
+  auto* db = rt.alloc_device(n * 4);
+  rt.copy(da, a.data(), n * 4, nullptr);
+  rt.copy(db, b.data(), n * 4, nullptr);
+  rt.reduce(ReduceOp::avg, DataType::float32, da, da, db, n, nullptr);
+  rt.finalize_avg(DataType::float32, da, n, 3, nullptr);
+  rt.copy(got.data(), da, n * 4, nullptr);
+  rt.synchronize(Stream(nullptr));
+  CHECK(std::memcmp(got.data(), want.data(), n * 4) == 0);
+  rt.free_device(da);
+  rt.free_device(db);
+}
+
+TEST_CASE("sim runtime: a stream blocked on a flag does not block another") {
+  SimRuntime rt;
+  Stream blocked = rt.create_stream();
+  Stream free_running = rt.create_stream();
+  auto* flag = new_flag(rt);
+  std::int32_t src = 42, dst_blocked = 0, dst_free = 0;
+  Event after = rt.create_event();
+  rt.wait_flag(blocked, flag, kLong);
+  rt.copy(&dst_blocked, &src, 4, blocked);
+  rt.record(after, blocked);
+  rt.copy(&dst_free, &src, 4, free_running);
+  rt.synchronize(free_running);  // returns although `blocked` waits
+  CHECK(dst_free == 42);
+  CHECK_FALSE(rt.query(after));
+  release(flag);
+  rt.synchronize(blocked);
+  CHECK(rt.query(after));
+  CHECK(dst_blocked == 42);
+  rt.destroy_event(after);
+  rt.destroy_stream(blocked);
+  rt.destroy_stream(free_running);
+  rt.free_pinned(flag);
+}
+
+TEST_CASE("sim runtime: events mark queue positions; query and synchronize") {
+  SimRuntime rt;
+  Stream s = rt.create_stream();
+  Event e = rt.create_event();
+  CHECK(rt.query(e));  // never recorded: complete, as in CUDA
+  rt.synchronize(e);
+  auto* flag = new_flag(rt);
+  Event before = rt.create_event();
+  rt.record(before, s);
+  rt.wait_flag(s, flag, kLong);
+  rt.record(e, s);
+  rt.synchronize(before);  // reached although the stream waits after it
+  CHECK(rt.query(before));
+  CHECK_FALSE(rt.query(e));
+  // The event is not reached early: give the worker a moment it could misuse, then check again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(rt.query(e));
+  std::thread setter([&] { release(flag); });
+  rt.synchronize(e);
+  setter.join();
+  CHECK(rt.query(e));
+  // Recording again moves the event to the new position.
+  *flag = 0;
+  rt.wait_flag(s, flag, kLong);
+  rt.record(e, s);
+  CHECK_FALSE(rt.query(e));
+  release(flag);
+  rt.synchronize(e);
+  CHECK(rt.query(e));
+  rt.destroy_event(e);
+  rt.destroy_event(before);
+  rt.destroy_stream(s);
+  rt.free_pinned(flag);
+}
+
+TEST_CASE("sim runtime: wait(stream, event) orders work across streams") {
+  SimRuntime rt;
+  Stream producer = rt.create_stream();
+  Stream consumer = rt.create_stream();
+  auto* flag = new_flag(rt);
+  auto* d = static_cast<std::int32_t*>(rt.alloc_device(4));
+  const std::int32_t seven = 7;
+  std::int32_t out = 0;
+  Event produced = rt.create_event();
+  Event consumed = rt.create_event();
+  rt.fill(d, 0, 4, producer);
+  rt.wait_flag(producer, flag, kLong);
+  rt.copy(d, &seven, 4, producer);
+  rt.record(produced, producer);
+  rt.wait(consumer, produced);
+  rt.copy(&out, d, 4, consumer);
+  rt.record(consumed, consumer);
+  CHECK_FALSE(rt.query(consumed));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // it must not run early
+  CHECK_FALSE(rt.query(consumed));
+  CHECK(out == 0);
+  release(flag);
+  rt.synchronize(consumer);
+  CHECK(out == 7);
+  CHECK(rt.query(produced));
+  // Waiting on an event never recorded is a no-op.
+  Event never = rt.create_event();
+  rt.wait(consumer, never);
+  rt.synchronize(consumer);
+  rt.destroy_event(never);
+  rt.destroy_event(produced);
+  rt.destroy_event(consumed);
+  rt.free_device(d);
+  rt.free_pinned(flag);
+  rt.destroy_stream(producer);
+  rt.destroy_stream(consumer);
+}
+
+TEST_CASE("sim runtime: wait_flag is released by a host store from another thread") {
+  SimRuntime rt;
+  Stream s = rt.create_stream();
+  auto* flags = static_cast<std::uint32_t*>(rt.alloc_pinned(64));
+  std::memset(flags, 0, 64);
+  std::uint32_t payload_host = 0;
+  auto* payload = static_cast<std::uint32_t*>(rt.alloc_pinned(4));
+  *payload = 0;
+  rt.wait_flag(s, flags + 3, kLong);
+  rt.copy(&payload_host, payload, 4, s);  // reads what the host wrote before its release store
+  const auto t0 = Clock::now();
+  std::thread setter([&] {
+    *payload = 0xabcd;
+    release(flags + 3);
+  });
+  rt.synchronize(s);
+  setter.join();
+  CHECK(payload_host == 0xabcdu);
+  CHECK(Clock::now() - t0 < std::chrono::seconds(30));
+  rt.free_pinned(flags);
+  rt.free_pinned(payload);
+  rt.destroy_stream(s);
+}
+
+TEST_CASE("sim runtime: wait_flag gives up after its timeout and the stream goes on") {
+  SimRuntime rt;
+  Stream s = rt.create_stream();
+  auto* flag = new_flag(rt);
+  std::int32_t src = 5, dst = 0;
+  const auto t0 = Clock::now();
+  rt.wait_flag(s, flag, 30ull * 1000 * 1000);  // 30 ms
+  rt.copy(&dst, &src, 4, s);
+  rt.synchronize(s);  // no error: the caller reports a timed-out flag its own way
+  CHECK(Clock::now() - t0 >= std::chrono::milliseconds(30));
+  CHECK(dst == 5);
+  // A flag that is already set does not wait at all (timeout 0 still loads once).
+  release(flag);
+  dst = 0;
+  rt.wait_flag(s, flag, 0);
+  rt.copy(&dst, &src, 4, s);
+  rt.synchronize(s);
+  CHECK(dst == 5);
+  rt.free_pinned(flag);
+  rt.destroy_stream(s);
+}
+
+TEST_CASE("sim runtime: kind_of says device exactly inside live device allocations") {
+  SimRuntime rt;
+  auto* d = static_cast<std::byte*>(rt.alloc_device(1000));
+  auto* p = static_cast<std::byte*>(rt.alloc_pinned(1000));
+  int on_stack = 0;
+  std::vector<int> heap(10);
+  CHECK(rt.kind_of(d) == MemoryKind::device);
+  CHECK(rt.kind_of(d + 1) == MemoryKind::device);
+  CHECK(rt.kind_of(d + 999) == MemoryKind::device);
+  CHECK(rt.kind_of(d + 1000) == MemoryKind::host);  // one past the end
+  CHECK(rt.kind_of(d - 1) == MemoryKind::host);
+  CHECK(rt.kind_of(p) == MemoryKind::host);  // pinned memory is host memory
+  CHECK(rt.kind_of(p + 10) == MemoryKind::host);
+  CHECK(rt.kind_of(&on_stack) == MemoryKind::host);
+  CHECK(rt.kind_of(heap.data()) == MemoryKind::host);
+  CHECK(rt.kind_of(nullptr) == MemoryKind::host);
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % 64 == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(d) % 256 == 0);
+  // alloc_device(0): valid, unique, device.
+  void* z1 = rt.alloc_device(0);
+  void* z2 = rt.alloc_device(0);
+  CHECK(z1 != nullptr);
+  CHECK(z1 != z2);
+  CHECK(rt.kind_of(z1) == MemoryKind::device);
+  rt.free_device(z1);
+  rt.free_device(z2);
+  rt.free_device(d);
+  CHECK(rt.kind_of(d) == MemoryKind::host);  // freed
+  rt.free_pinned(p);
+  // Two runtimes have arenas of their own.
+  SimRuntime other;
+  void* o = other.alloc_device(16);
+  CHECK(other.kind_of(o) == MemoryKind::device);
+  CHECK(rt.kind_of(o) == MemoryKind::host);
+  other.free_device(o);
+}
+
+TEST_CASE("sim runtime: an out-of-bounds copy surfaces at synchronize and stays (sticky)") {
+  SimRuntime rt;
+  Stream s = rt.create_stream();
+  Stream other = rt.create_stream();
+  auto* d = rt.alloc_device(100);
+  std::vector<std::byte> host(200, std::byte{1});
+  Event e = rt.create_event();
+  auto* flag = new_flag(rt);
+  // Held by the flag until all is enqueued (a launch on a stream that has failed throws).
+  rt.wait_flag(s, flag, kLong);
+  rt.copy(d, host.data(), 200, s);  // enqueues fine: the check runs in the stream
+  rt.record(e, s);
+  release(flag);
+  const std::string first = error_of([&] { rt.synchronize(s); });
+  CHECK(contains(first, "cudaMemcpyAsync: cudaErrorInvalidValue (1)"));
+  // Sticky: the next synchronize, a query of an event on the stream and a launch all throw it.
+  CHECK(error_of([&] { rt.synchronize(s); }) == first);
+  CHECK(error_of([&] { rt.query(e); }) == first);
+  CHECK(error_of([&] { rt.synchronize(e); }) == first);
+  CHECK(error_of([&] { rt.fill(d, 0, 10, s); }) == first);
+  // Another stream is not affected.
+  std::int32_t src = 3, dst = 0;
+  rt.copy(&dst, &src, 4, other);
+  rt.synchronize(other);
+  CHECK(dst == 3);
+  rt.destroy_event(e);
+  rt.free_device(d);
+  rt.free_pinned(flag);
+  rt.destroy_stream(s);
+  rt.destroy_stream(other);
+}
+
+TEST_CASE("sim runtime: work after a failed operation on its stream is skipped") {
+  SimRuntime rt;
+  Stream s = rt.create_stream();
+  auto* flag = new_flag(rt);
+  auto* d = rt.alloc_device(64);
+  std::int32_t src = 9, dst = 0;
+  rt.wait_flag(s, flag, kLong);      // so that both are queued before either runs
+  rt.copy(d, &src, 128, s);          // out of bounds: fails
+  rt.copy(&dst, &src, 4, s);         // skipped
+  release(flag);
+  CHECK(contains(error_of([&] { rt.synchronize(s); }), "cudaMemcpyAsync: cudaErrorInvalidValue (1)"));
+  CHECK(dst == 0);
+  rt.free_device(d);
+  rt.free_pinned(flag);
+  rt.destroy_stream(s);
+}
+
+TEST_CASE("sim runtime: the sanitizer checks of copies, fills and kernels") {
+  SimRuntime rt;
+  std::vector<std::byte> host(256);
+  SUBCASE("null host side") {
+    void* d = rt.alloc_device(64);
+    rt.copy(d, nullptr, 8, nullptr);
+    CHECK(contains(error_of([&] { rt.synchronize(Stream(nullptr)); }), "cudaMemcpyAsync: cudaErrorInvalidValue (1)"));
+  }
+  SUBCASE("interior pointer running past the end") {
+    auto* d = static_cast<std::byte*>(rt.alloc_device(64));
+    Stream s = rt.create_stream();
+    rt.fill(d + 32, 0, 32, s);  // exactly to the end: fine
+    rt.synchronize(s);
+    rt.fill(d + 32, 0, 33, s);
+    CHECK(contains(error_of([&] { rt.synchronize(s); }), "cudaMemsetAsync: cudaErrorInvalidValue (1)"));
+  }
+  SUBCASE("use after free") {
+    void* d = rt.alloc_device(64);
+    rt.free_device(d);
+    rt.copy(host.data(), d, 8, nullptr);
+    CHECK(contains(error_of([&] { rt.synchronize(Stream(nullptr)); }), "cudaMemcpyAsync: cudaErrorInvalidValue (1)"));
+  }
+  SUBCASE("past the end of a pinned buffer") {
+    void* p = rt.alloc_pinned(16);
+    void* d = rt.alloc_device(64);
+    rt.copy(d, p, 32, nullptr);
+    CHECK(contains(error_of([&] { rt.synchronize(Stream(nullptr)); }), "cudaMemcpyAsync: cudaErrorInvalidValue (1)"));
+  }
+  SUBCASE("a kernel on host memory") {
+    void* d = rt.alloc_device(64);
+    rt.reduce(ReduceOp::sum, DataType::float32, d, d, host.data(), 16, nullptr);
+    CHECK(contains(error_of([&] { rt.synchronize(Stream(nullptr)); }), "reduce_async: cudaErrorIllegalAddress (700)"));
+  }
+  SUBCASE("a kernel past the end of device memory") {
+    void* d = rt.alloc_device(64);
+    rt.finalize_avg(DataType::float64, d, 9, 2, nullptr);
+    CHECK(contains(error_of([&] { rt.synchronize(Stream(nullptr)); }),
+                   "finalize_avg_async: cudaErrorIllegalAddress (700)"));
+  }
+}
+
+TEST_CASE("sim runtime: invalid arguments throw at the call") {
+  SimRuntime rt;
+  CHECK(rt.device_count() == 1);
+  rt.set_device(0);
+  CHECK(rt.current_device() == 0);
+  CHECK(contains(error_of([&] { rt.set_device(1); }), "cudaSetDevice: cudaErrorInvalidDevice (101)"));
+  int x = 0;
+  CHECK(contains(error_of([&] { rt.free_device(&x); }), "cudaFree: cudaErrorInvalidValue (1)"));
+  auto* d = static_cast<std::byte*>(rt.alloc_device(64));
+  CHECK(contains(error_of([&] { rt.free_device(d + 8); }), "cudaFree"));  // interior pointer
+  CHECK(contains(error_of([&] { rt.free_pinned(&x); }), "cudaFreeHost: cudaErrorInvalidValue (1)"));
+  rt.free_device(nullptr);
+  rt.free_pinned(nullptr);
+  CHECK(contains(error_of([&] { rt.wait_flag(nullptr, reinterpret_cast<std::uint32_t*>(&x), 0); }),
+                 "cudaHostGetDevicePointer: cudaErrorInvalidValue (1)"));  // not pinned
+  CHECK(contains(error_of([&] { rt.reduce(ReduceOp::band, DataType::float32, d, d, d, 4, nullptr); }),
+                 "reduce_async: cudaErrorInvalidValue (1)"));
+  CHECK(contains(error_of([&] { rt.finalize_avg(DataType::float32, d, 4, 0, nullptr); }),
+                 "finalize_avg_async: cudaErrorInvalidValue (1)"));
+  Stream s = rt.create_stream();
+  rt.destroy_stream(s);
+  CHECK(contains(error_of([&] { rt.copy(d, &x, 4, s); }), "cudaMemcpyAsync: cudaErrorInvalidResourceHandle (400)"));
+  CHECK(contains(error_of([&] { rt.synchronize(s); }), "cudaStreamSynchronize: cudaErrorInvalidResourceHandle"));
+  Event e = rt.create_event();
+  rt.destroy_event(e);
+  CHECK(contains(error_of([&] { rt.query(e); }), "cudaEventQuery: cudaErrorInvalidResourceHandle (400)"));
+  CHECK(error_of([&] { rt.fail_after("launch", 1, 1); }, ErrorCode::invalid_argument).find("launch") !=
+        std::string::npos);
+  rt.synchronize(Stream(nullptr));  // nothing of the above reached the stream
+  rt.free_device(d);
+}
+
+TEST_CASE("sim runtime: fail_after makes the n-th call fail") {
+  SimRuntime rt;
+  SUBCASE("stream work fails inside its stream") {
+    Stream s = rt.create_stream();
+    auto* d = static_cast<std::int32_t*>(rt.alloc_device(8));
+    const std::int32_t v[2] = {11, 22};
+    rt.fail_after("copy", 2, 700);
+    rt.copy(d, v, 4, s);          // 1st: runs
+    rt.copy(d + 1, v + 1, 4, s);  // 2nd: fails in the stream, not here
+    CHECK(contains(error_of([&] { rt.synchronize(s); }), "cudaMemcpyAsync: cudaErrorIllegalAddress (700)"));
+    std::int32_t back[2] = {0, 0};
+    rt.copy(back, d, 8, nullptr);
+    rt.synchronize(Stream(nullptr));
+    CHECK(back[0] == 11);
+    CHECK(back[1] != 22);
+    rt.free_device(d);
+    rt.destroy_stream(s);
+  }
+  SUBCASE("kernels") {
+    void* d = rt.alloc_device(64);
+    rt.fail_after("reduce", 1, 719);
+    rt.reduce(ReduceOp::sum, DataType::int8, d, d, d, 64, nullptr);
+    CHECK(contains(error_of([&] { rt.synchronize(Stream(nullptr)); }), "reduce_async: cudaErrorLaunchFailure (719)"));
+  }
+  SUBCASE("allocations fail at the call, once") {
+    rt.fail_after("alloc_device", 2, 2);
+    void* a = rt.alloc_device(16);
+    CHECK(contains(error_of([&] { rt.alloc_device(16); }), "cudaMalloc: cudaErrorMemoryAllocation (2)"));
+    void* b = rt.alloc_device(16);
+    rt.free_device(a);
+    rt.free_device(b);
+    rt.fail_after("create_stream", 1, 100);  // a "no GPU" error is unsupported, as in CudaRuntime
+    CHECK(contains(error_of([&] { rt.create_stream(); }, ErrorCode::unsupported),
+                   "cudaStreamCreateWithFlags: cudaErrorNoDevice (100)"));
+  }
+  SUBCASE("from CHORUS_SIM_FAIL") {
+    ::setenv("CHORUS_SIM_FAIL", "alloc_pinned:1:2,fill:2:1", 1);
+    SimRuntime env_rt;
+    ::unsetenv("CHORUS_SIM_FAIL");
+    CHECK(contains(error_of([&] { env_rt.alloc_pinned(8); }), "cudaHostAlloc: cudaErrorMemoryAllocation (2)"));
+    void* d = env_rt.alloc_device(8);
+    env_rt.fill(d, 1, 8, nullptr);
+    env_rt.synchronize(Stream(nullptr));
+    env_rt.fill(d, 1, 8, nullptr);
+    CHECK(contains(error_of([&] { env_rt.synchronize(Stream(nullptr)); }), "cudaMemsetAsync: cudaErrorInvalidValue (1)"));
+  }
+  SUBCASE("a CHORUS_SIM_FAIL that does not parse") {
+    for (const char* bad : {"copy", "copy:0:1", "copy:1:x", "nosuchcall:1:1"}) {
+      ::setenv("CHORUS_SIM_FAIL", bad, 1);
+      const std::string what = error_of([] { SimRuntime r; }, ErrorCode::invalid_argument);
+      CHECK(contains(what, bad));
+    }
+    ::unsetenv("CHORUS_SIM_FAIL");
+  }
+}
+
+TEST_CASE("sim runtime: elapsed_ms between timing events is the workers' clock, monotone") {
+  SimRuntime rt;
+  Stream s = rt.create_stream();
+  auto* flag = new_flag(rt);
+  Event t0 = rt.create_event(true), t1 = rt.create_event(true), t2 = rt.create_event(true);
+  rt.record(t0, s);
+  rt.wait_flag(s, flag, 20ull * 1000 * 1000);  // 20 ms, never set
+  rt.record(t1, s);
+  rt.record(t2, s);
+  CHECK(contains(error_of([&] { rt.elapsed_ms(t0, t2); }), "cudaEventElapsedTime: cudaErrorNotReady (600)"));
+  rt.synchronize(t2);
+  const float a = rt.elapsed_ms(t0, t1), b = rt.elapsed_ms(t0, t2), c = rt.elapsed_ms(t1, t2);
+  CHECK(a >= 19.99f);
+  CHECK(b >= a);
+  CHECK(c >= 0.0f);
+  CHECK(rt.elapsed_ms(t2, t0) <= 0.0f);
+  Event plain = rt.create_event();
+  rt.record(plain, s);
+  rt.synchronize(s);
+  CHECK(contains(error_of([&] { rt.elapsed_ms(t0, plain); }), "cudaEventElapsedTime: cudaErrorInvalidResourceHandle"));
+  for (Event e : {t0, t1, t2, plain}) rt.destroy_event(e);
+  rt.free_pinned(flag);
+  rt.destroy_stream(s);
+}
+
+TEST_CASE("sim runtime: destroy_stream lets queued work finish; destruction does not hang") {
+  std::int32_t src = 8, dst = 0;
+  {
+    SimRuntime rt;
+    Stream s = rt.create_stream();
+    auto* flag = new_flag(rt);
+    Event done = rt.create_event();
+    rt.wait_flag(s, flag, kLong);
+    rt.copy(&dst, &src, 4, s);
+    rt.record(done, s);
+    rt.destroy_stream(s);  // returns at once
+    CHECK_FALSE(rt.query(done));
+    release(flag);
+    rt.synchronize(done);
+    CHECK(dst == 8);
+    rt.destroy_event(done);
+  }
+  const auto t0 = Clock::now();
+  {
+    SimRuntime rt;
+    Stream s = rt.create_stream();
+    auto* flag = new_flag(rt);
+    rt.alloc_device(1 << 20);  // left for the destructor
+    rt.wait_flag(s, flag, kLong);
+    for (int i = 0; i < 100; ++i) rt.copy(&dst, &src, 4, s);
+    rt.wait_flag(nullptr, flag, kLong);
+  }
+  CHECK(Clock::now() - t0 < std::chrono::seconds(30));
+}
+
+TEST_CASE("sim runtime: threads share one runtime") {
+  SimRuntime rt;
+  const int threads = 4, rounds = chorus::test::kSanitized ? 20 : 100;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      Stream s = rt.create_stream();
+      for (int r = 0; r < rounds; ++r) {
+        const std::size_t n = 64 + std::size_t(r);
+        std::vector<std::uint8_t> in(n, std::uint8_t(t * 16 + r)), out(n, 0);
+        void* d = rt.alloc_device(n);
+        rt.copy(d, in.data(), n, s);
+        rt.reduce(ReduceOp::max, DataType::uint8, d, d, d, n, s);
+        rt.copy(out.data(), d, n, s);
+        rt.synchronize(s);
+        if (out != in || rt.kind_of(d) != MemoryKind::device) ++wrong;
+        rt.free_device(d);
+      }
+      rt.destroy_stream(s);
+    });
+  }
+  for (auto& th : ts) th.join();
+  CHECK(wrong.load() == 0);
+}
+
+TEST_CASE("sim runtime: the arena reuses freed addresses only after wrapping around") {
+  SimRuntime rt(std::size_t(1) << 20);  // 256 pages
+  void* first = rt.alloc_device(100);
+  rt.free_device(first);
+  void* second = rt.alloc_device(100);
+  CHECK(second != first);  // a stale pointer to `first` stays dead
+  rt.free_device(second);
+  // Many more allocations than fit at once: freed ranges come back, nothing runs out.
+  for (int i = 0; i < 1000; ++i) {
+    void* p = rt.alloc_device(std::size_t(4096) * (1 + i % 7));
+    CHECK(rt.kind_of(p) == MemoryKind::device);
+    rt.free_device(p);
+  }
+  CHECK(contains(error_of([&] { rt.alloc_device(std::size_t(2) << 20); }), "cudaMalloc: cudaErrorMemoryAllocation (2)"));
+}
+
+}  // namespace unit_test_sim_runtime
