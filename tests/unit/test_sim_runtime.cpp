@@ -496,12 +496,29 @@ TEST_CASE("sim runtime: elapsed_ms between timing events is the workers' clock, 
   CHECK(b >= a);
   CHECK(c >= 0.0f);
   CHECK(rt.elapsed_ms(t2, t0) <= 0.0f);
+  // Recorded again: the time is the new record's, not that of the earlier one still queued.
+  auto* hold = new_flag(rt);
+  auto* hold2 = new_flag(rt);
+  Event mid = rt.create_event();
+  rt.wait_flag(s, hold, kLong);
+  rt.record(t1, s);
+  rt.record(mid, s);
+  rt.wait_flag(s, hold2, kLong);
+  rt.record(t1, s);
+  release(hold);
+  rt.synchronize(mid);  // the earlier record of t1 has passed, the later one not
+  CHECK(contains(error_of([&] { rt.elapsed_ms(t0, t1); }), "cudaEventElapsedTime: cudaErrorNotReady (600)"));
+  release(hold2);
+  rt.synchronize(t1);
+  CHECK(rt.elapsed_ms(t2, t1) >= 0.0f);
   Event plain = rt.create_event();
   rt.record(plain, s);
   rt.synchronize(s);
   CHECK(contains(error_of([&] { rt.elapsed_ms(t0, plain); }), "cudaEventElapsedTime: cudaErrorInvalidResourceHandle"));
-  for (Event e : {t0, t1, t2, plain}) rt.destroy_event(e);
+  for (Event e : {t0, t1, t2, mid, plain}) rt.destroy_event(e);
   rt.free_pinned(flag);
+  rt.free_pinned(hold);
+  rt.free_pinned(hold2);
   rt.destroy_stream(s);
 }
 
