@@ -44,7 +44,7 @@ void run_procs(int world, const Body& body, std::vector<std::pair<std::string, s
 
 }  // namespace
 
-TEST_CASE("device path: a call on a stream is ordered by the stream, before and after") {
+TEST_CASE("device path: a call on a stream is ordered by the stream before and after") {
   run_procs(3, [](chorus::Options o) {
     SimRuntime rt;
     Comm comm = Comm::create(o);
@@ -76,7 +76,7 @@ TEST_CASE("device path: a call on a stream is ordered by the stream, before and 
   });
 }
 
-TEST_CASE("device path: mixed memory kinds, host buffers on a stream and no runtime are invalid") {
+TEST_CASE("device path: mixed memory kinds and host buffers on a stream and no runtime are invalid") {
   run_procs(2, [](chorus::Options o) {
     SimRuntime rt;
     Comm comm = Comm::create(o);
@@ -112,7 +112,7 @@ TEST_CASE("device path: mixed memory kinds, host buffers on a stream and no runt
   });
 }
 
-TEST_CASE("device path: a device failure on one rank fails the call everywhere, promptly") {
+TEST_CASE("device path: a device failure on one rank fails the call everywhere and promptly") {
   // Rank 1's third reduction kernel fails (SimRuntime::fail_after, on rank 1 only).
   run_procs(3, [](chorus::Options o) {
     const bool failing = o.rank == 1;

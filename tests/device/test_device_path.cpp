@@ -44,13 +44,13 @@ using TcpComm = chorus::Communicator<chorus::tcp::Transport>;
 
 }  // namespace
 
-TEST_CASE("device path: shm processes, every collective, dtype and op, world 1") { matrix<ShmComm>(1); }
-TEST_CASE("device path: shm processes, every collective, dtype and op, world 2") { matrix<ShmComm>(2); }
-TEST_CASE("device path: shm processes, every collective, dtype and op, world 3") { matrix<ShmComm>(3); }
-TEST_CASE("device path: shm processes, every collective, dtype and op, world 4") { matrix<ShmComm>(4); }
-TEST_CASE("device path: tcp processes, every collective, dtype and op, world 1") { matrix<TcpComm>(1); }
-TEST_CASE("device path: tcp processes, every collective, dtype and op, world 2") { matrix<TcpComm>(2); }
-TEST_CASE("device path: tcp processes, every collective, dtype and op, world 3") { matrix<TcpComm>(3); }
-TEST_CASE("device path: tcp processes, every collective, dtype and op, world 4") { matrix<TcpComm>(4); }
+TEST_CASE("device path: shm processes: every collective dtype and op at world 1") { matrix<ShmComm>(1); }
+TEST_CASE("device path: shm processes: every collective dtype and op at world 2") { matrix<ShmComm>(2); }
+TEST_CASE("device path: shm processes: every collective dtype and op at world 3") { matrix<ShmComm>(3); }
+TEST_CASE("device path: shm processes: every collective dtype and op at world 4") { matrix<ShmComm>(4); }
+TEST_CASE("device path: tcp processes: every collective dtype and op at world 1") { matrix<TcpComm>(1); }
+TEST_CASE("device path: tcp processes: every collective dtype and op at world 2") { matrix<TcpComm>(2); }
+TEST_CASE("device path: tcp processes: every collective dtype and op at world 3") { matrix<TcpComm>(3); }
+TEST_CASE("device path: tcp processes: every collective dtype and op at world 4") { matrix<TcpComm>(4); }
 
 }  // namespace device_test_device_path

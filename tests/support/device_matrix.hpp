@@ -150,12 +150,18 @@ struct Runner {
     const Bytes device_result = (in_place ? d_in : d_out).read(stream);
     req.wait();
 
+    if (coll == Coll::all_reduce || coll == Coll::reduce_scatter) {
+      // The host path against fill.hpp's reference first: a failure then says which path is wrong.
+      const std::size_t base = coll == Coll::all_reduce ? 0 : static_cast<std::size_t>(r) * count;
+      Bytes want = reference_all_reduce(dt, seed, n, base + count, op);
+      want.erase(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(base * es));
+      const long ref = first_difference(host_result, want, es);
+      expect(ref < 0, what + ": the host result differs from the reference at element " + std::to_string(ref));
+      const long dref = first_difference(device_result, want, es);
+      expect(dref < 0, what + ": the device result differs from the reference at element " + std::to_string(dref));
+    }
     const long at = first_difference(device_result, host_result, es);
     expect(at < 0, what + ": the device result differs from the host result at element " + std::to_string(at));
-    if (coll == Coll::all_reduce) {
-      const long ref = first_difference(host_result, reference_all_reduce(dt, seed, n, count, op), es);
-      expect(ref < 0, what + ": the result differs from the reference at element " + std::to_string(ref));
-    }
   }
 
   chorus::Request start(Coll coll, std::byte* in, std::byte* out, std::size_t count, DataType dt, ReduceOp op, int root,

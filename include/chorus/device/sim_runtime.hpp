@@ -61,31 +61,15 @@
 #include "chorus/core/error.hpp"
 #include "chorus/core/types.hpp"
 #include "chorus/device/runtime.hpp"
-#include "chorus/reduce/host.hpp"
 
-// The grid emulator, where this tree has it: switching to it is then the one line that defines
-// the alias sim_kernels below.
-#if __has_include("chorus/device/grid_emulator.hpp")
 #include "chorus/device/grid_emulator.hpp"
-#endif
 
 namespace chorus::device {
 
 namespace detail {
 
-/// The kernel bodies the simulated launches run (sim_kernels::emulate_reduce, ...), with the grid
-/// emulator's signatures. host_kernels stands in for device/grid_emulator.hpp until that is
-/// merged: the host reduce loops, which give the kernels' bits but not their per-thread code.
-namespace host_kernels {
-inline void emulate_reduce(ReduceOp op, DataType dt, void* out, const void* a, const void* b, std::size_t count) {
-  chorus::reduce(op, dt, out, a, b, count);
-}
-inline void emulate_finalize_avg(DataType dt, void* data, std::size_t count, int world_size) {
-  chorus::finalize_avg(dt, data, count, world_size);
-}
-}  // namespace host_kernels
-// TODO(grid emulator): `namespace sim_kernels = chorus::device;` once device/grid_emulator.hpp is merged.
-namespace sim_kernels = host_kernels;
+/// The kernel bodies the simulated launches run: reduce/cuda's, under the grid emulator.
+namespace sim_kernels = chorus::device;
 
 /// cudaGetErrorName for the numbers the simulation produces or a test injects.
 constexpr std::string_view cuda_error_name(int e) noexcept {
