@@ -310,7 +310,7 @@ class Communicator {
   Request start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt, ReduceOp op,
                 int root, bool async, const device::Stream* stream = nullptr);
   Request collective(algo::CollectiveDesc desc, algo::Args args, bool async,
-                     std::shared_ptr<exec::StreamTicket> ticket = {});
+                     exec::TicketRef ticket = {});
   void abort_with(const Error& why);
   static void run_algorithm(State& st, algo::Channel<T>& ch, const algo::CollectiveDesc& desc, const algo::Args& args,
                             const algo::Choice& choice);

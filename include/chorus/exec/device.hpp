@@ -13,7 +13,8 @@
 ///
 /// Memory: device scratch grows on demand like the host's; staging is a pinned arena reset after
 /// each call, as large as the bytes the call moved through it (a call sends and receives each slice
-/// through it once), kept across calls up to kKeepStagingBytes or the recent calls' need.
+/// through it once), kept across calls up to kKeepStagingBytes or the recent calls' need. Nothing
+/// is freed while a call is in flight (see collect()).
 
 #include <algorithm>
 #include <atomic>
@@ -45,6 +46,7 @@ class DeviceExecutor final : public Executor {
     } catch (...) {  // a failed stream: nothing more will run on it
     }
     try {
+      collect();
       for (auto* b : {&slots_, &work_}) rt_.free_device(b->p);
       for (auto& blk : blocks_) rt_.free_pinned(blk.p);
       rt_.destroy_event(done_);
@@ -107,14 +109,29 @@ class DeviceExecutor final : public Executor {
     std::size_t kept = 0;
     std::size_t i = 0;
     for (; i < blocks_.size() && (kept < std::max(window_max_, kKeepStagingBytes)); ++i) kept += blocks_[i].size;
-    for (std::size_t j = i; j < blocks_.size(); ++j) rt_.free_pinned(blocks_[j].p);
+    for (std::size_t j = i; j < blocks_.size(); ++j) retired_.push_back({blocks_[j].p, blocks_[j].size, /*pinned=*/true});
     blocks_.resize(i);
     window_max_ = 0;
   }
   std::size_t bytes() const override {
     std::size_t b = slots_.size + work_.size;
     for (const auto& blk : blocks_) b += blk.size;
+    for (const auto& r : retired_) b += r.size;
     return b;
+  }
+
+  /// Frees the memory retired by earlier calls. cudaFree and cudaFreeHost wait for the whole
+  /// device, including a user's stream held by a call's flag (wait_flag), so memory is never
+  /// freed while a call is in flight: the communicator calls this only when none is queued or
+  /// running (every flag set).
+  void collect() {
+    for (const auto& r : retired_) {
+      if (r.pinned)
+        rt_.free_pinned(r.p);
+      else
+        rt_.free_device(r.p);
+    }
+    retired_.clear();
   }
 
   /// Blocks until the stream has done everything issued, polling (a short spin, then sleeps
@@ -153,19 +170,22 @@ class DeviceExecutor final : public Executor {
     std::byte* p;
     std::size_t size;
   };
-  /// Device scratch of at least n bytes. Growing frees the old buffer only once the stream is
-  /// done with it.
+  struct Retired {
+    std::byte* p;
+    std::size_t size;
+    bool pinned;
+  };
+  /// Device scratch of at least n bytes, grown to twice the old size at least (so that retired
+  /// buffers add up to less than the live one). The old buffer is retired, not freed: see collect().
   std::byte* grow(DeviceBuffer& b, std::size_t n) {
     if (b.p != nullptr && b.size >= n) return b.p;
-    wait_stream();
-    rt_.free_device(b.p);
-    b.p = nullptr;
-    b.size = 0;
-    b.p = static_cast<std::byte*>(rt_.alloc_device(std::max<std::size_t>(n, 256)));
-    b.size = std::max<std::size_t>(n, 256);
-    return b.p;
+    const std::size_t size = std::max({n, 2 * b.size, std::size_t{256}});
+    std::byte* p = static_cast<std::byte*>(rt_.alloc_device(size));
+    if (b.p) retired_.push_back({b.p, b.size, /*pinned=*/false});
+    b.p = p;
+    b.size = size;
+    return p;
   }
-
   device::Runtime& rt_;
   std::chrono::milliseconds timeout_;
   device::Stream stream_ = nullptr;
@@ -175,21 +195,40 @@ class DeviceExecutor final : public Executor {
   std::size_t block_ = 0, used_ = 0;
   std::size_t staged_ = 0, window_max_ = 0;
   int calls_ = 0;
+  std::vector<Retired> retired_;  ///< scratch and staging given up, freed by collect()
 };
 
 /// The handshake between a user's stream and a call that the communicator runs on the host: the
 /// call starts after `ready` (recorded on the user's stream), and the user's stream waits until
 /// the call sets `flag` (1: done, 2: failed; either way the stream goes on). A ticket is reused
-/// once the user's stream has passed `passed` (recorded after the wait).
+/// once it is closed and the user's stream has passed `passed` (recorded after the wait); each
+/// issue opens it under a new generation, and only a release of that generation closes it (a late
+/// callback of an earlier call never touches a later one).
 struct StreamTicket {
   device::Event ready = nullptr;
   device::Event passed = nullptr;
   std::uint32_t* flag = nullptr;
-  std::atomic<bool> in_use{false};
-  std::atomic<bool> finished{false};
+  std::atomic<std::uint64_t> open{0};  ///< the generation now open, 0 when closed
 };
 
-/// Tickets of one communicator, allocated on demand and reused.
+/// One issue of a ticket: what a call holds.
+struct TicketRef {
+  std::shared_ptr<StreamTicket> ticket;
+  std::uint64_t generation = 0;
+
+  explicit operator bool() const { return ticket != nullptr; }
+  device::Event ready() const { return ticket->ready; }
+  /// The call is over (done, failed, or cancelled before it ran): sets the flag, once per issue.
+  void release(bool ok) const {
+    if (!ticket) return;
+    std::uint64_t expected = generation;
+    if (!ticket->open.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) return;
+    std::atomic_ref<std::uint32_t>(*ticket->flag).store(ok ? 1u : 2u, std::memory_order_release);
+  }
+};
+
+/// Tickets of one communicator, allocated on demand and reused. issue() is called under the
+/// communicator's call lock.
 class TicketPool {
  public:
   explicit TicketPool(device::Runtime& rt) : rt_(rt) {}
@@ -203,11 +242,14 @@ class TicketPool {
     } catch (...) {
     }
   }
-  /// Enqueues the handshake on `user` and returns its ticket (the caller calls finish() once).
-  std::shared_ptr<StreamTicket> issue(device::Stream user, std::chrono::milliseconds timeout) {
+  TicketPool(const TicketPool&) = delete;
+  TicketPool& operator=(const TicketPool&) = delete;
+
+  /// Enqueues the handshake on `user` and returns the ticket's issue (released once by the call).
+  TicketRef issue(device::Stream user, std::chrono::milliseconds timeout) {
     std::shared_ptr<StreamTicket> t;
     for (auto& c : tickets_)
-      if (!c->in_use.load(std::memory_order_acquire) && rt_.query(c->passed)) {
+      if (c->open.load(std::memory_order_acquire) == 0 && rt_.query(c->passed)) {
         t = c;
         break;
       }
@@ -218,25 +260,19 @@ class TicketPool {
       t->flag = static_cast<std::uint32_t*>(rt_.alloc_pinned(64));
       tickets_.push_back(t);
     }
-    t->in_use.store(true, std::memory_order_relaxed);
-    t->finished.store(false, std::memory_order_relaxed);
+    const std::uint64_t gen = ++generation_;
     std::atomic_ref<std::uint32_t>(*t->flag).store(0, std::memory_order_relaxed);
+    t->open.store(gen, std::memory_order_release);
     rt_.record(t->ready, user);
     rt_.wait_flag(user, t->flag, static_cast<std::uint64_t>(timeout.count()) * 1000000u);
     rt_.record(t->passed, user);
-    return t;
-  }
-  /// The call is over (done, failed, or cancelled before it ran): the flag is set, once, and the
-  /// ticket may be reused once its stream has passed.
-  static void release(StreamTicket& t, bool ok) {
-    if (t.finished.exchange(true, std::memory_order_acq_rel)) return;
-    std::atomic_ref<std::uint32_t>(*t.flag).store(ok ? 1u : 2u, std::memory_order_release);
-    t.in_use.store(false, std::memory_order_release);
+    return {t, gen};
   }
 
  private:
   device::Runtime& rt_;
   std::vector<std::shared_ptr<StreamTicket>> tickets_;
+  std::uint64_t generation_ = 0;
 };
 
 }  // namespace chorus::exec

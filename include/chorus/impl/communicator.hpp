@@ -539,7 +539,7 @@ void Communicator<T>::same_size(std::size_t a, std::size_t b, const char* what) 
 /// when blocking and idle, else on the communicator's worker), spread a mismatch to every rank.
 template <Transport T>
 Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, bool async,
-                                    std::shared_ptr<exec::StreamTicket> ticket) {
+                                    exec::TicketRef ticket) {
   State& st = *s_;
   // The sequence number and the place in the executor are taken under one lock: calls from
   // several threads run in the order of their numbers, one at a time. The number is used up
@@ -582,7 +582,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     exec::Executor& x = *args.exec;
     st.recorder->started(desc, choice.algorithm);
     auto fail = [&](const Error& e) {
-      if (ticket) exec::TicketPool::release(*ticket, false);
+      ticket.release(false);
       // A device that failed (the runtime's error) leaves the peers waiting on this rank's
       // messages: abort, so that they learn at once (peer_failure) instead of by their timeout.
       if (x.staged() && e.code() == ErrorCode::system) st.transport->abort(e);
@@ -595,7 +595,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
       st.note_async_error(e);
     };
     try {
-      if (ticket) st.device_exec->after(ticket->ready);
+      if (ticket) st.device_exec->after(ticket.ready());
       if (choice.algorithm == algo::Algorithm::one_shot) {
         algo::one_shot_all_reduce(st.group, desc, args, st.boot.options.timeout,
                                   [&st](const algo::CollectiveDesc& d) { st.stall(d); });
@@ -617,7 +617,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
       fail(*stream_error);
       throw *stream_error;
     }
-    if (ticket) exec::TicketPool::release(*ticket, true);
+    ticket.release(true);
     if (st.stall_seq == desc.seq) st.republish_progress();
   };
   ++st.coll_seq;
@@ -636,7 +636,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   req->set_on_timeout([weak](const Error& e) {
     if (auto t = weak.lock()) t->abort(e);
   });
-  if (ticket) req->then([ticket] { exec::TicketPool::release(*ticket, false); });  // cancelled: let the stream go
+  if (ticket) req->then([ticket] { ticket.release(false); });  // cancelled: let the stream go
   st.recorder->queued(desc, choice.algorithm);
   st.exec.submit(task, req);
   lk.unlock();
@@ -719,6 +719,7 @@ Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* 
   }
   std::unique_lock lk(st.call_mu);  // the executor and its tickets are made and issued in call order
   a.exec = &st.device_executor();
+  if (st.exec.pending() == 0) st.device_exec->collect();  // no call in flight: no stream held by a flag
   auto ticket = st.tickets->issue(stream ? *stream : nullptr, st.boot.options.timeout);
   lk.unlock();
   return collective(d, a, async || stream != nullptr, std::move(ticket));
