@@ -26,6 +26,7 @@
 #include "chorus/algo/tree.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/detail/dump.hpp"
+#include "chorus/detail/group_model.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/detail/serial_executor.hpp"
 #include "chorus/transport/matching.hpp"
@@ -170,26 +171,6 @@ inline void check_collective_args(algo::CollectiveKind kind, const void* in, con
   if (kind == algo::CollectiveKind::broadcast) need_in = need_out = true;  // one buffer, in == out
   if (need_in && in == nullptr) fail("the input buffer is null but count is " + std::to_string(count));
   if (need_out && out == nullptr) fail("the output buffer is null but count is " + std::to_string(count));
-}
-
-/// The model of a group's slowest link: per peer where the transport says how it reaches each
-/// (link_kind), else the transport's own.
-template <Transport T>
-algo::TransportModel group_model(T& t, const algo::Group<T>& g) {
-  auto of = [](std::string_view kind) {
-    return kind == "inproc" ? algo::kInprocModel : kind == "shm" ? algo::kShmModel : algo::kTcpModel;
-  };
-  if constexpr (requires(int p) { t.link_kind(p); }) {
-    algo::TransportModel m = algo::kInprocModel;
-    for (int i = 0; i < g.size(); ++i) {
-      if (i == g.rank) continue;
-      const algo::TransportModel k = of(t.link_kind(g.members[static_cast<std::size_t>(i)]));
-      if (k.alpha > m.alpha) m = k;
-    }
-    return g.size() > 1 ? m : of(T::kName);
-  } else {
-    return of(T::kName);
-  }
 }
 
 }  // namespace detail
