@@ -49,6 +49,7 @@
 #include "chorus/detail/env.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/progress.hpp"
+#include "chorus/transport/shell.hpp"
 #include "chorus/transport/shm/link.hpp"
 
 namespace chorus::shm {
@@ -278,10 +279,9 @@ class Transport {
   int rank() const { return rank_; }
   int size() const { return size_; }
   Link& link(int peer) {
-    if (peer < 0 || peer >= size_ || peer == rank_ || !engine_->links[static_cast<std::size_t>(peer)])
-      throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, "shm link"},
-                  peer == rank_ ? "no link to this rank itself (send to self is not supported)" : "no shm link to this peer");
-    return *engine_->links[static_cast<std::size_t>(peer)];
+    return chorus::detail::checked_link(engine_->links, rank_, size_, peer, "shm link",
+                                        "no link to this rank itself (send to self is not supported)",
+                                        "no shm link to this peer");
   }
   /// Bytes the links hold (see Link::memory_bytes()).
   std::size_t memory_bytes() const {
@@ -296,7 +296,7 @@ class Transport {
   /// Fails every link with why's code. A mismatch is told to every rank by the communicator
   /// itself, so for it the sockets stay open; any other abort closes them (peers see EOF).
   void abort(const Error& why) {
-    engine_->fail_all(why.code(), std::string("aborted: ") + why.what(), why.code() != ErrorCode::mismatch);
+    chorus::detail::abort_links(*engine_, why);
   }
 
  private:

@@ -27,6 +27,7 @@
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/tcp/detail/socket.hpp"
 #include "chorus/transport/progress.hpp"
+#include "chorus/transport/shell.hpp"
 #include "chorus/transport/tcp/link.hpp"
 
 namespace chorus::tcp {
@@ -108,10 +109,9 @@ class Transport {
   int rank() const { return rank_; }
   int size() const { return size_; }
   Link& link(int peer) {
-    if (peer < 0 || peer >= size_ || peer == rank_ || !engine_->links[static_cast<std::size_t>(peer)])
-      throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, "tcp link"},
-                  "no link to this peer (send to self is not supported)");
-    return *engine_->links[static_cast<std::size_t>(peer)];
+    return chorus::detail::checked_link(engine_->links, rank_, size_, peer, "tcp link",
+                                        "no link to this peer (send to self is not supported)",
+                                        "no link to this peer (send to self is not supported)");
   }
 
   /// Bytes the links hold (see Link::memory_bytes()).
@@ -127,7 +127,7 @@ class Transport {
   /// A mismatch is told to every rank by the communicator itself, so for it the connections stay
   /// open (peers then get the mismatch, not a closed connection); any other abort closes them.
   void abort(const Error& why) {
-    engine_->fail_all(why.code(), std::string("aborted: ") + why.what(), why.code() != ErrorCode::mismatch);
+    chorus::detail::abort_links(*engine_, why);
   }
 
  private:
