@@ -41,7 +41,7 @@ namespace detail {
 template <class T>
 using LinkOf = std::remove_reference_t<decltype(std::declval<T&>().link(0))>;
 
-/// The first link type with mailboxes (shm_link(), algo/one_shot.hpp), or void.
+/// The first link type with mailboxes, or void. shm_link() is the name algo/one_shot.hpp reads.
 template <class... Ls>
 struct FirstWithMailboxes {
   using type = void;
@@ -151,7 +151,7 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   const std::string& mode = b.options.transport;
   const ErrorContext ctx{rank_, -1, "transport"};
   const auto& names = Link::kNames;
-  // "auto, shm and tcp"
+  // "auto, a and b": the registry's names
   auto listed = [&](std::string head, auto take, const char* last) {
     std::vector<std::string_view> v;
     for (std::size_t i = 0; i < kCount; ++i)
@@ -217,7 +217,7 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
       links_.emplace_back(static_cast<int>(p), ptr, choice[p] != kCount);
     }
   }(std::index_sequence_for<Ts...>{});
-  // "transport auto: 3 peers over shm, 0 over tcp"
+  // "transport auto: 3 peers over a, 0 over b", in registry order
   std::string summary;
   for (std::size_t i = 0; i < kCount; ++i)
     summary += (i == 0 ? "" : ", ") + std::to_string(count[i]) + (i == 0 ? " peers over " : " over ") + std::string(names[i]);
