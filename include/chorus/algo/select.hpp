@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "chorus/algo/descriptor.hpp"
+#include "chorus/core/cost_model.hpp"
 #include "chorus/detail/env.hpp"
 #include "chorus/options.hpp"
 #include "chorus/topology/tree.hpp"
@@ -57,25 +58,8 @@ inline Algorithm parse_algorithm(std::string_view s, std::string_view what) {
                   "dissemination, one_shot");
 }
 
-/// Latency per message (seconds), time per byte (seconds) and pipeline slice (bytes) of a
-/// transport.
-struct TransportModel {
-  double alpha;
-  double beta;
-  std::size_t slice;
-};
-/// Loopback TCP on a 2-core machine: ~10 us per message with the waiting thread driving the
-/// socket (an 8-byte all_reduce of 2 ranks, one step: about 10 us), ~3 GB/s
-/// (bench/p2p/tcp_pingpong); slices of 512 KiB.
-inline constexpr TransportModel kTcpModel{10e-6, 1.0 / 3e9, 512 << 10};
-/// Processes of one host over shm: ~3 us per message with the waiting thread polling the ring
-/// (an 8-byte all_reduce step takes about 1 us with 2 ranks on 2 cores, 4-7 us with 4; 3 us puts
-/// the switch from recursive doubling to the ring at 32-64 KiB, where messages leave the ring for
-/// cross-memory pulls and the measured curves cross), ~5 GB/s one copy; slices of 256 KiB (a
-/// pull each: larger ones pipeline less, smaller ones pay a system call more often).
-inline constexpr TransportModel kShmModel{3e-6, 1.0 / 5e9, 256 << 10};
-/// Threads of one process: a lock and one copy.
-inline constexpr TransportModel kInprocModel{2e-6, 1.0 / 8e9, 64 << 10};
+/// The models themselves live with their transports (T::kModel, core/cost_model.hpp).
+using TransportModel = chorus::TransportModel;
 
 /// Host reduction speed per byte of buffer: float32 sum of 64 MiB runs at ~30 GB/s of traffic
 /// (3 bytes moved per byte reduced) on a busy 2-core machine (bench/micro/reduce_bench).

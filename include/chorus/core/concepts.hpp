@@ -25,18 +25,27 @@
 /// | expression            | type           | contract                                           |
 /// |-----------------------|----------------|----------------------------------------------------|
 /// | T::kName              | string_view    | "inproc", "tcp", ...                               |
+/// | T::kModel             | TransportModel | alpha, beta, slice of its links (core/cost_model)  |
 /// | T(bootstrap)          |                | opens a link to every peer, bounded by the timeout |
+/// | T(bootstrap, peers)   |                | the same, only to the ranks p with peers[p] set    |
+/// |                       |                | (vector<bool>, size ranks); both ends of a pair    |
+/// |                       |                | agree, and every rank builds the transports of a   |
+/// |                       |                | hybrid in registry order (transport/registry.hpp)  |
 /// | t.rank(), t.size()    | int            |                                                    |
 /// | t.link(peer)          | Link&          | peer != rank                                       |
 /// | t.abort(error)        | void           | fails everything pending and later, closes links   |
 /// Destroying a transport never blocks beyond a short bounded shutdown.
+/// A candidate of the registry (transport/registry.hpp) also has
+/// `static bool can_connect(const PeerInfo& me, const PeerInfo& peer)` (core/peer_info.hpp).
 
 #include <concepts>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/core/buffer.hpp"
+#include "chorus/core/cost_model.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
 
@@ -55,8 +64,10 @@ concept Link = requires(L& l, ConstBytes in, MutableBytes out, Tag tag) {
 
 template <class T>
 concept Transport = std::constructible_from<T, const Bootstrap&> &&
+                    std::constructible_from<T, const Bootstrap&, std::vector<bool>> &&
                     requires(T& t, const T& ct, int peer, const Error& e) {
                       { T::kName } -> std::convertible_to<std::string_view>;
+                      { T::kModel } -> std::convertible_to<TransportModel>;
                       { ct.rank() } -> std::convertible_to<int>;
                       { ct.size() } -> std::convertible_to<int>;
                       { t.link(peer) } -> Link;

@@ -26,6 +26,7 @@
 #include "chorus/algo/tree.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/detail/dump.hpp"
+#include "chorus/detail/group_model.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/detail/serial_executor.hpp"
 #include "chorus/exec/device.hpp"
@@ -86,26 +87,6 @@ inline void check_collective_args(algo::CollectiveKind kind, const void* in, con
   if (need_out && out == nullptr) fail("the output buffer is null but count is " + std::to_string(count));
 }
 
-/// The model of a group's slowest link: per peer where the transport says how it reaches each
-/// (link_kind), else the transport's own.
-template <Transport T>
-algo::TransportModel group_model(T& t, const algo::Group<T>& g) {
-  auto of = [](std::string_view kind) {
-    return kind == "inproc" ? algo::kInprocModel : kind == "shm" ? algo::kShmModel : algo::kTcpModel;
-  };
-  if constexpr (requires(int p) { t.link_kind(p); }) {
-    algo::TransportModel m = algo::kInprocModel;
-    for (int i = 0; i < g.size(); ++i) {
-      if (i == g.rank) continue;
-      const algo::TransportModel k = of(t.link_kind(g.members[static_cast<std::size_t>(i)]));
-      if (k.alpha > m.alpha) m = k;
-    }
-    return g.size() > 1 ? m : of(T::kName);
-  } else {
-    return of(T::kName);
-  }
-}
-
 }  // namespace detail
 
 namespace detail {
@@ -132,7 +113,7 @@ struct Communicator<T>::State {
   Bootstrap boot;                   ///< of the job (shared by sub-communicators)
   std::shared_ptr<T> transport;     ///< shared with sub-communicators
   algo::Group<T> group;
-  algo::TransportModel model = algo::kTcpModel;  ///< set once the group is known (cost_model())
+  algo::TransportModel model = T::kModel;  ///< the group's slowest link's, set once the group is known (cost_model())
   algo::Overrides overrides;
   /// Every peer is reached over shm and this communicator owns the transport: all_reduce of up
   /// to one_shot_max_bytes goes through the links' mailboxes (algo/one_shot.hpp).

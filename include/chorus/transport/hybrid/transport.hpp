@@ -1,174 +1,232 @@
 #pragma once
-/// hybrid::Transport (kName "auto"): picks a transport per peer, at run time, from
-/// Options::transport (CHORUS_TRANSPORT):
-/// | transport | same host | other host                                              |
-/// |-----------|-----------|---------------------------------------------------------|
-/// | auto      | shm       | tcp                                                     |
-/// | shm       | shm       | invalid_argument naming the peer                         |
-/// | tcp       | tcp       | tcp                                                     |
-/// Anything else (rdma, cuda_ipc, inproc) is unsupported here.
+/// hybrid::Transport (kName "auto"): picks a transport per peer, at construction, from the
+/// candidates of transport/registry.hpp and Options::transport (CHORUS_TRANSPORT):
+/// - "auto": each pair is served by the first candidate whose can_connect(me, peer) holds;
+/// - a candidate's name: that candidate serves every pair, and a pair it cannot connect is an
+///   invalid_argument error naming the peer and the candidates that could;
+/// - anything else is unsupported here.
 ///
-/// "Same host" compares host ids that every rank publishes in the store at construction: the
-/// kernel's boot id, the host name and the mount and network namespaces (shm needs the memfd
-/// to be shareable and the abstract unix socket to be reachable, which the network namespace
-/// decides). CHORUS_HOST_ID overrides it (tests that pretend to span hosts; containers whose
-/// namespaces differ but which can still share memory would need more than that, see
-/// docs/environment.md).
+/// can_connect reads the PeerInfo (core/peer_info.hpp) that every rank publishes in the store at
+/// construction, so both ends of each pair choose alike. Every rank builds its candidates in
+/// registry order, each over the peers it serves (the subset constructor of the Transport
+/// concept): a rank waiting in one candidate's set-up only waits for ranks in the same one.
 ///
-/// A communicator over it may mix both: link(peer) returns a small wrapper that dispatches to the
-/// peer's shm or tcp link; link_kind(peer) says which.
-
-#include <unistd.h>
+/// link(peer) returns a small wrapper over the serving candidate's link (a variant of pointers:
+/// one switch per message, no virtual call, no allocation); link_kind(peer) and link_model(peer)
+/// say which candidate and its cost model.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
-#include <fstream>
+#include <cstddef>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/core/concepts.hpp"
-#include "chorus/detail/env.hpp"
+#include "chorus/core/cost_model.hpp"
+#include "chorus/core/peer_info.hpp"
 #include "chorus/detail/log.hpp"
-#include "chorus/transport/shm/transport.hpp"
-#include "chorus/transport/tcp/transport.hpp"
+#include "chorus/transport/registry.hpp"
 
 namespace chorus::hybrid {
 namespace detail {
 
-inline std::string read_first_line(const char* path) {
-  std::ifstream f(path);
-  std::string s;
-  std::getline(f, s);
-  return s;
-}
+template <class T>
+using LinkOf = std::remove_reference_t<decltype(std::declval<T&>().link(0))>;
 
-inline std::string read_link(const char* path) {
-  char buf[256];
-  const ssize_t k = ::readlink(path, buf, sizeof buf - 1);
-  return k > 0 ? std::string(buf, static_cast<std::size_t>(k)) : std::string("?");
-}
-
-/// This process's host identity: ranks with equal ids can use shm between them.
-inline std::string host_id(const ErrorContext& ctx) {
-  if (auto v = chorus::detail::env_string("CHORUS_HOST_ID")) {
-    if (v->empty()) throw Error(ErrorCode::invalid_argument, ctx, "CHORUS_HOST_ID is set but empty");
-    return "id:" + *v;
-  }
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  std::ostringstream os;
-  os << read_first_line("/proc/sys/kernel/random/boot_id") << '|' << name << '|' << read_link("/proc/self/ns/mnt")
-     << '|' << read_link("/proc/self/ns/net");
-  return os.str();
-}
+/// The first link type with mailboxes, or void. shm_link() is the name algo/one_shot.hpp reads.
+template <class... Ls>
+struct FirstWithMailboxes {
+  using type = void;
+};
+template <class L, class... Ls>
+struct FirstWithMailboxes<L, Ls...> {
+  using type = std::conditional_t<requires(L& l) { l.shm_link(); }, L, typename FirstWithMailboxes<Ls...>::type>;
+};
 
 }  // namespace detail
 
-/// The link to one peer: its shm link or its tcp link.
-class Link {
+template <class List>
+class BasicTransport;
+
+/// The link to one peer: a pointer to the serving candidate's link.
+template <class... Ts>
+class BasicLink {
  public:
-  Link(int peer, shm::Link* shm, tcp::Link* tcp) : peer_(peer), shm_(shm), tcp_(tcp) {}
+  using Ptr = std::variant<detail::LinkOf<Ts>*...>;
+  static constexpr std::array<std::string_view, sizeof...(Ts)> kNames{Ts::kName...};
+  static constexpr std::array<TransportModel, sizeof...(Ts)> kModels{Ts::kModel...};
+
+  BasicLink(int peer, Ptr l, bool served) : peer_(peer), l_(l), served_(served) {}
   int peer() const { return peer_; }
-  Request isend(ConstBytes data, Tag tag) { return shm_ ? shm_->isend(data, tag) : tcp_->isend(data, tag); }
-  Request irecv(MutableBytes data, Tag tag) { return shm_ ? shm_->irecv(data, tag) : tcp_->irecv(data, tag); }
-  std::string_view kind() const { return shm_ ? shm::Transport::kName : tcp::Transport::kName; }
-  /// The shm link, where this peer is reached over shm (its mailboxes: algo/one_shot.hpp).
-  shm::Link* shm_link() const { return shm_; }
+  Request isend(ConstBytes data, Tag tag) {
+    return std::visit([&](auto* l) { return l->isend(data, tag); }, l_);
+  }
+  Request irecv(MutableBytes data, Tag tag) {
+    return std::visit([&](auto* l) { return l->irecv(data, tag); }, l_);
+  }
+  std::string_view kind() const { return kNames[l_.index()]; }
+  TransportModel model() const { return kModels[l_.index()]; }
+  bool served() const { return served_; }
+
+  /// The link with mailboxes, where the serving candidate has them (algo/one_shot.hpp), else null.
+  using MailboxLink = typename detail::FirstWithMailboxes<detail::LinkOf<Ts>...>::type;
+  MailboxLink* shm_link() const
+    requires(!std::is_void_v<MailboxLink>)
+  {
+    auto* p = std::get_if<MailboxLink*>(&l_);
+    return p ? *p : nullptr;
+  }
 
  private:
   int peer_;
-  shm::Link* shm_;
-  tcp::Link* tcp_;
+  Ptr l_;
+  bool served_;
 };
 
-class Transport {
+template <class... Ts>
+class BasicTransport<registry::List<Ts...>> {
  public:
+  using Link = BasicLink<Ts...>;
   static constexpr std::string_view kName = "auto";
+  /// The slowest candidate's (by latency): what a group of one assumes.
+  static constexpr TransportModel kModel = [] {
+    TransportModel m = Link::kModels[0];
+    for (const auto& k : Link::kModels)
+      if (k.alpha > m.alpha) m = k;
+    return m;
+  }();
 
-  explicit Transport(const Bootstrap& b);
-  Transport(const Transport&) = delete;
-  Transport& operator=(const Transport&) = delete;
+  /// Links to every other rank.
+  explicit BasicTransport(const Bootstrap& b)
+      : BasicTransport(b, std::vector<bool>(static_cast<std::size_t>(b.size), true)) {}
+  /// Links to the ranks with peers[p] set; both ends of a pair must agree.
+  BasicTransport(const Bootstrap& b, std::vector<bool> peers);
+  BasicTransport(const BasicTransport&) = delete;
+  BasicTransport& operator=(const BasicTransport&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   Link& link(int peer) {
-    if (peer < 0 || peer >= size_ || peer == rank_)
+    if (peer < 0 || peer >= size_ || !links_[static_cast<std::size_t>(peer)].served())
       throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, "link"},
                   "no link to this peer (send to self is not supported)");
     return links_[static_cast<std::size_t>(peer)];
   }
-  /// Bytes the shm and tcp links hold.
+  /// Bytes the candidates' links hold.
   std::size_t memory_bytes() const {
-    return sizeof(*this) + links_.capacity() * sizeof(Link) + (shm_ ? shm_->memory_bytes() : 0) +
-           (tcp_ ? tcp_->memory_bytes() : 0);
+    std::size_t b = sizeof(*this) + links_.capacity() * sizeof(Link);
+    std::apply([&](const auto&... t) { ((b += t ? t->memory_bytes() : 0), ...); }, owned_);
+    return b;
   }
-  /// "shm" or "tcp": how this rank reaches `peer`.
+  /// The name of the candidate that serves `peer` (registry.hpp).
   std::string_view link_kind(int peer) { return link(peer).kind(); }
+  /// Its cost model.
+  TransportModel link_model(int peer) { return link(peer).model(); }
 
   void abort(const Error& why) {
-    if (shm_) shm_->abort(why);
-    if (tcp_) tcp_->abort(why);
+    std::apply([&](auto&... t) { ((t ? t->abort(why) : void()), ...); }, owned_);
   }
 
  private:
+  static constexpr std::size_t kCount = sizeof...(Ts);
+
   int rank_;
   int size_;
   // Declared before links_, which point into them; destroyed after.
-  std::unique_ptr<shm::Transport> shm_;
-  std::unique_ptr<tcp::Transport> tcp_;
+  std::tuple<std::unique_ptr<Ts>...> owned_;
   std::vector<Link> links_;
 };
 
-inline Transport::Transport(const Bootstrap& b) : rank_(b.rank), size_(b.size) {
+template <class... Ts>
+BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::vector<bool> peers)
+    : rank_(b.rank), size_(b.size) {
   const std::string& mode = b.options.transport;
   const ErrorContext ctx{rank_, -1, "transport"};
-  if (mode != "auto" && mode != "shm" && mode != "tcp")
-    throw Error(ErrorCode::unsupported, ctx,
-                "transport '" + mode + "' is not available to this communicator (auto, shm and tcp are)");
+  const auto& names = Link::kNames;
+  // "auto, a and b": the registry's names
+  auto listed = [&](std::string head, auto take, const char* last) {
+    std::vector<std::string_view> v;
+    for (std::size_t i = 0; i < kCount; ++i)
+      if (take(i)) v.push_back(names[i]);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      head += std::string(i + 1 == v.size() ? last : ", ") + std::string(v[i]);
+    return head;
+  };
+  std::size_t forced = kCount;  // none: auto
+  if (mode != "auto") {
+    forced = static_cast<std::size_t>(std::find(names.begin(), names.end(), mode) - names.begin());
+    if (forced == kCount)
+      throw Error(ErrorCode::unsupported, ctx,
+                  "transport '" + mode + "' is not available to this communicator (" +
+                      listed("auto", [](std::size_t) { return true; }, " and ") + " are)");
+  }
   const auto n = static_cast<std::size_t>(size_);
-  std::vector<bool> on_shm(n, false), on_tcp(n, false);
-  if (mode == "tcp") {
-    on_tcp.assign(n, true);
-  } else {
-    // Exchange host ids (every rank, so the decision is the same at both ends of each pair).
-    // One deadline for all peers: the whole exchange is bounded by the timeout, not each get.
-    const auto deadline = std::chrono::steady_clock::now() + b.options.timeout;
-    const std::string mine = detail::host_id(ctx);
-    b.store->set("hybrid/host/" + std::to_string(rank_), mine);
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      const std::string theirs =
-          b.store->get("hybrid/host/" + std::to_string(p), std::max(left, std::chrono::milliseconds(1)));
-      const bool same = theirs == mine;
-      if (!same && mode == "shm")
-        throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"},
-                    "transport=shm, but rank " + std::to_string(p) + " is on another host ('" + theirs +
-                        "', this rank: '" + mine + "'); use transport=auto or tcp");
-      on_shm[static_cast<std::size_t>(p)] = same;
-      on_tcp[static_cast<std::size_t>(p)] = !same;
-    }
-  }
-  on_shm[static_cast<std::size_t>(rank_)] = on_tcp[static_cast<std::size_t>(rank_)] = false;
-  auto any = [](const std::vector<bool>& v) { return std::find(v.begin(), v.end(), true) != v.end(); };
-  // Every rank builds shm first, then tcp: a rank waiting in one phase only waits for ranks in
-  // the same phase, so the two never wait on each other.
-  if (any(on_shm)) shm_ = std::make_unique<shm::Transport>(b, on_shm);
-  if (any(on_tcp)) tcp_ = std::make_unique<tcp::Transport>(b, on_tcp);
-  links_.reserve(n);
-  int shm_peers = 0;
+  peers.resize(n, false);
+  peers[static_cast<std::size_t>(rank_)] = false;
+  // Exchange PeerInfo (every rank, so the decision is the same at both ends of each pair).
+  // One deadline for all peers: the whole exchange is bounded by the timeout, not each get.
+  const auto deadline = std::chrono::steady_clock::now() + b.options.timeout;
+  const PeerInfo me{rank_, chorus::detail::host_id(ctx)};
+  b.store->set("hybrid/host/" + std::to_string(rank_), me.host);
+  std::vector<std::size_t> choice(n, kCount);
   for (int p = 0; p < size_; ++p) {
-    const auto i = static_cast<std::size_t>(p);
-    links_.emplace_back(p, on_shm[i] ? &shm_->link(p) : nullptr, on_tcp[i] ? &tcp_->link(p) : nullptr);
-    shm_peers += on_shm[i] ? 1 : 0;
+    if (!peers[static_cast<std::size_t>(p)]) continue;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const PeerInfo peer{p, b.store->get("hybrid/host/" + std::to_string(p), std::max(left, std::chrono::milliseconds(1)))};
+    const std::array<bool, kCount> can{Ts::can_connect(me, peer)...};
+    std::size_t c = forced;
+    if (forced == kCount) {
+      c = static_cast<std::size_t>(std::find(can.begin(), can.end(), true) - can.begin());
+      if (c == kCount)  // the registry's last candidate connects any pair
+        throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"}, "no transport connects this peer");
+    } else if (!can[forced]) {
+      throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"},
+                  "transport=" + mode + ", but rank " + std::to_string(p) +
+                      (peer.host != me.host ? " is on another host" : " cannot be reached over it") + " ('" +
+                      peer.host + "', this rank: '" + me.host + "'); use transport=" +
+                      listed("auto", [&](std::size_t i) { return can[i]; }, " or "));
+    }
+    choice[static_cast<std::size_t>(p)] = c;
   }
-  chorus::detail::log(chorus::detail::LogLevel::info, rank_, "transport ", mode, ": ", shm_peers, " peers over shm, ",
-                      size_ - 1 - shm_peers, " over tcp");
+  // Every rank builds its candidates in registry order: a rank waiting in one candidate's set-up
+  // only waits for ranks in the same one, so two never wait on each other.
+  std::array<int, kCount> count{};
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    auto build = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) {
+      std::vector<bool> mask(n, false);
+      for (std::size_t p = 0; p < n; ++p) mask[p] = choice[p] == K;
+      count[K] = static_cast<int>(std::count(mask.begin(), mask.end(), true));
+      if (count[K] > 0)
+        std::get<K>(owned_) = std::make_unique<std::tuple_element_t<K, std::tuple<Ts...>>>(b, std::move(mask));
+    };
+    (build(std::integral_constant<std::size_t, I>{}), ...);
+    links_.reserve(n);
+    for (std::size_t p = 0; p < n; ++p) {
+      typename Link::Ptr ptr{};
+      ((choice[p] == I ? (void)(ptr = typename Link::Ptr(std::in_place_index<I>, &std::get<I>(owned_)->link(static_cast<int>(p))))
+                       : void()),
+       ...);
+      links_.emplace_back(static_cast<int>(p), ptr, choice[p] != kCount);
+    }
+  }(std::index_sequence_for<Ts...>{});
+  // "transport auto: 3 peers over a, 0 over b", in registry order
+  std::string summary;
+  for (std::size_t i = 0; i < kCount; ++i)
+    summary += (i == 0 ? "" : ", ") + std::to_string(count[i]) + (i == 0 ? " peers over " : " over ") + std::string(names[i]);
+  chorus::detail::log(chorus::detail::LogLevel::info, rank_, "transport ", mode, ": ", summary);
 }
+
+/// The transport over the registry's candidates.
+using Transport = BasicTransport<registry::Candidates>;
+using Link = Transport::Link;
 
 static_assert(chorus::Transport<Transport>);
 

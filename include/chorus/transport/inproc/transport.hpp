@@ -12,6 +12,7 @@
 
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/core/concepts.hpp"
+#include "chorus/core/cost_model.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/inproc/link.hpp"
 
@@ -88,8 +89,15 @@ class World {
 class Transport {
  public:
   static constexpr std::string_view kName = "inproc";
+  /// Threads of one process: a lock and a memcpy.
+  static constexpr TransportModel kModel{2e-6, 1.0 / 8e9, 64 << 10};
 
-  explicit Transport(const Bootstrap& b) : rank_(b.rank), size_(b.size), timeout_(b.options.timeout) {
+  /// Links to every other rank (threads of this process).
+  explicit Transport(const Bootstrap& b) : Transport(b, std::vector<bool>(static_cast<std::size_t>(b.size), true)) {}
+  /// Links used only to the ranks with peers[p] set; both ends of a pair must agree. Waits for
+  /// those ranks (and this one) to join.
+  Transport(const Bootstrap& b, std::vector<bool> peers)
+      : rank_(b.rank), size_(b.size), timeout_(b.options.timeout) {
     (void)chorus::detail::buffered_cap();  // a bad CHORUS_MAX_BUFFERED_BYTES fails here, not in a send
     std::string key(reinterpret_cast<const char*>(b.nonce.data()), b.nonce.size());
     world_ = detail::World::join(key, size_);
@@ -105,7 +113,9 @@ class Transport {
     // complete world.
     b.store->set("inproc/joined/" + std::to_string(rank_), "1");
     std::vector<std::string> keys;
-    for (int p = 0; p < size_; ++p) keys.push_back("inproc/joined/" + std::to_string(p));
+    for (int p = 0; p < size_; ++p)
+      if (p == rank_ || (static_cast<std::size_t>(p) < peers.size() && peers[static_cast<std::size_t>(p)]))
+        keys.push_back("inproc/joined/" + std::to_string(p));
     b.store->wait(keys, timeout_);
   }
   Transport(const Transport&) = delete;

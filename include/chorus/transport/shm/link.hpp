@@ -42,6 +42,7 @@
 #include "chorus/core/concepts.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/matching.hpp"
+#include "chorus/transport/shell.hpp"
 #include "chorus/transport/shm/detail/segment.hpp"
 #include "chorus/transport/shm/detail/socket.hpp"
 
@@ -376,7 +377,7 @@ class Link {
   };
 
   detail::ReqPtr make_request(const char* verb, Tag tag, std::size_t bytes) {
-    return requests_.make(verb, tag, bytes, &chorus::detail::describe_op);
+    return chorus::detail::make_link_request(requests_, verb, tag, bytes);
   }
 
   void ring_doorbell() {

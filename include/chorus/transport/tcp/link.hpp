@@ -38,6 +38,7 @@
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/matching.hpp"
 #include "chorus/transport/progress.hpp"
+#include "chorus/transport/shell.hpp"
 #include "chorus/transport/tcp/detail/handler_memory.hpp"
 
 namespace chorus::tcp {
@@ -200,7 +201,7 @@ class Link {
 
  private:
   detail::ReqPtr make_request(const char* verb, Tag tag, std::size_t bytes) {
-    return requests_.make(verb, tag, bytes, &chorus::detail::describe_op);
+    return chorus::detail::make_link_request(requests_, verb, tag, bytes);
   }
 
   void start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req) {

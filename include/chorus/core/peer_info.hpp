@@ -1,0 +1,55 @@
+#pragma once
+/// What every rank publishes about itself before a transport is chosen for each pair of ranks
+/// (transport/registry.hpp): a candidate's can_connect(me, peer) reads it.
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "chorus/core/error.hpp"
+#include "chorus/detail/env.hpp"
+
+namespace chorus {
+
+struct PeerInfo {
+  int rank = -1;
+  /// Equal for ranks that can share memory: the kernel's boot id, the host name and the mount
+  /// and network namespaces (a memfd must be shareable and an abstract unix socket reachable,
+  /// which the network namespace decides), or "id:" + CHORUS_HOST_ID where that is set (tests
+  /// that pretend to span hosts; see docs/environment.md).
+  std::string host;
+};
+
+namespace detail {
+
+inline std::string read_first_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+inline std::string read_link(const char* path) {
+  char buf[256];
+  const ssize_t k = ::readlink(path, buf, sizeof buf - 1);
+  return k > 0 ? std::string(buf, static_cast<std::size_t>(k)) : std::string("?");
+}
+
+/// This process's host identity (PeerInfo::host).
+inline std::string host_id(const ErrorContext& ctx) {
+  if (auto v = chorus::detail::env_string("CHORUS_HOST_ID")) {
+    if (v->empty()) throw Error(ErrorCode::invalid_argument, ctx, "CHORUS_HOST_ID is set but empty");
+    return "id:" + *v;
+  }
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  std::ostringstream os;
+  os << read_first_line("/proc/sys/kernel/random/boot_id") << '|' << name << '|' << read_link("/proc/self/ns/mnt")
+     << '|' << read_link("/proc/self/ns/net");
+  return os.str();
+}
+
+}  // namespace detail
+}  // namespace chorus

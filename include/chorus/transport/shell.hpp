@@ -1,0 +1,43 @@
+#pragma once
+/// The shell that the engine-driven transports (tcp, shm) share around their links: the request a
+/// link operation returns, the checks of link(peer) and the abort that fails every link. A new
+/// transport folder uses these rather than writing them again.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/core/error.hpp"
+#include "chorus/core/request.hpp"
+#include "chorus/transport/matching.hpp"
+
+namespace chorus::detail {
+
+/// The request of one link operation ("send" or "recv"), from the link's pooled factory: it names
+/// the rank, peer, tag, bytes, timeout and the engine that drives it.
+inline std::shared_ptr<RequestState> make_link_request(RequestFactory& f, const char* verb, std::uint64_t tag,
+                                                       std::size_t bytes) {
+  return f.make(verb, tag, bytes, &describe_op);
+}
+
+/// link(peer) of a transport of `size` ranks whose links sit by peer in `links` (null where it has
+/// none):
+/// invalid_argument with `op` and the transport's own texts otherwise.
+template <class L>
+L& checked_link(const std::vector<std::unique_ptr<L>>& links, int rank, int size, int peer, const char* op,
+                const char* self_text, const char* none_text) {
+  if (peer < 0 || peer >= size || peer == rank || !links[static_cast<std::size_t>(peer)])
+    throw Error(ErrorCode::invalid_argument, ErrorContext{rank, peer, op}, peer == rank ? self_text : none_text);
+  return *links[static_cast<std::size_t>(peer)];
+}
+
+/// abort(why) of an engine-driven transport: fails every link with why's code. A mismatch is told
+/// to every rank by the communicator itself, so for it the connections stay open; any other abort
+/// closes them (peers see EOF).
+template <class Engine>
+void abort_links(Engine& engine, const Error& why) {
+  engine.fail_all(why.code(), std::string("aborted: ") + why.what(), why.code() != ErrorCode::mismatch);
+}
+
+}  // namespace chorus::detail
