@@ -1,7 +1,8 @@
 #pragma once
-/// The shell that the engine-driven transports (tcp, shm) share around their links: the request a
-/// link operation returns, the checks of link(peer) and the abort that fails every link. A new
-/// transport folder uses these rather than writing them again.
+/// The shell that the transports share around their links: the request a link operation returns,
+/// the checks of link(peer) and the abort that fails every link (the engine-driven tcp and shm use
+/// all three; inproc, whose requests have no engine and whose abort breaks its in-process world,
+/// uses the peer check). A new transport folder uses these rather than writing them again.
 
 #include <cstddef>
 #include <memory>
@@ -30,6 +31,14 @@ L& checked_link(const std::vector<std::unique_ptr<L>>& links, int rank, int size
   if (peer < 0 || peer >= size || peer == rank || !links[static_cast<std::size_t>(peer)])
     throw Error(ErrorCode::invalid_argument, ErrorContext{rank, peer, op}, peer == rank ? self_text : none_text);
   return *links[static_cast<std::size_t>(peer)];
+}
+
+/// The bounds check of link(peer) for a transport that has a link to every rank, itself included
+/// (inproc): invalid_argument naming `op`.
+inline void check_peer(int rank, int size, int peer, const char* op) {
+  if (peer < 0 || peer >= size)
+    throw Error(ErrorCode::invalid_argument, ErrorContext{rank, peer, op},
+                "peer " + std::to_string(peer) + " is not a rank of this transport (size " + std::to_string(size) + ")");
 }
 
 /// abort(why) of an engine-driven transport: fails every link with why's code. A mismatch is told

@@ -15,6 +15,7 @@
 #include "chorus/core/cost_model.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/inproc/link.hpp"
+#include "chorus/transport/shell.hpp"
 
 namespace chorus::inproc {
 namespace detail {
@@ -89,7 +90,7 @@ class World {
 class Transport {
  public:
   static constexpr std::string_view kName = "inproc";
-  /// Threads of one process: a lock and a memcpy.
+  /// Threads of one process: a lock and one copy.
   static constexpr TransportModel kModel{2e-6, 1.0 / 8e9, 64 << 10};
 
   /// Links to every other rank (threads of this process).
@@ -124,7 +125,10 @@ class Transport {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  Link& link(int peer) { return links_.at(peer); }
+  Link& link(int peer) {
+    chorus::detail::check_peer(rank_, size_, peer, "inproc link");
+    return links_[static_cast<std::size_t>(peer)];
+  }
 
   /// Bytes held for this rank: the eager copies its peers sent that wait for its receives (at
   /// most Policy::kMaxUnexpectedBytes per peer).
