@@ -3,8 +3,9 @@
 // work around it; buffers of two memory kinds in one call, host buffers on a stream and a stream
 // without a device runtime are clear errors before anything is sent; a device failure on one
 // rank (an injected cudaErrorLaunchFailure) fails the call there, on its Request, on the next
-// call and in async_error(), and reaches every other rank as an error naming that rank, within
-// seconds, not the timeout.
+// call and in async_error(), and reaches every other rank as peer_failure (naming the peer whose
+// link closed first: the failing rank, or one that failed through it), within seconds, not the
+// timeout.
 #include <doctest/doctest.h>
 
 #include <atomic>
