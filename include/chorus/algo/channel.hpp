@@ -60,7 +60,6 @@ class Channel {
   int rank() const { return g_.rank; }
   int size() const { return g_.size(); }
   const CollectiveDesc& desc() const { return check_.desc(); }
-  exec::Executor& executor() { return x_; }
 
   /// Lanes (0..kMaxLanes-1) separate independent streams between the same pair within one call
   /// (the two trees of a double binary tree): messages match in order per (peer, lane).

@@ -15,11 +15,12 @@ template <Transport T>
 TransportModel group_model(T& t, const algo::Group<T>& g) {
   if constexpr (requires(int p) { t.link_model(p); }) {
     if (g.size() <= 1) return T::kModel;
-    TransportModel m{0, 0, 0};
-    for (int i = 0; i < g.size(); ++i) {
+    const int first = g.rank == 0 ? 1 : 0;
+    TransportModel m = t.link_model(g.members[static_cast<std::size_t>(first)]);
+    for (int i = first + 1; i < g.size(); ++i) {
       if (i == g.rank) continue;
       const TransportModel k = t.link_model(g.members[static_cast<std::size_t>(i)]);
-      if (m.slice == 0 || k.alpha > m.alpha) m = k;
+      if (k.alpha > m.alpha) m = k;
     }
     return m;
   } else {

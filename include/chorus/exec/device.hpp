@@ -55,9 +55,6 @@ class DeviceExecutor final : public Executor {
     }
   }
 
-  device::Runtime& runtime() const { return rt_; }
-  device::Stream stream() const { return stream_; }
-
   /// Work issued from now on waits for `ready` (an event recorded on the caller's stream).
   void after(device::Event ready) { rt_.wait(stream_, ready); }
 
@@ -79,7 +76,7 @@ class DeviceExecutor final : public Executor {
     while (block_ < blocks_.size() && used_ + n > blocks_[block_].size) ++block_, used_ = 0;
     if (block_ == blocks_.size()) {
       const std::size_t size = std::max(n, kBlockBytes);
-      blocks_.push_back({static_cast<std::byte*>(rt_.alloc_pinned(size)), size});
+      blocks_.push_back({static_cast<std::byte*>(rt_.alloc_pinned(size)), size, /*pinned=*/true});
       used_ = 0;
     }
     std::byte* p = blocks_[block_].p + used_;
@@ -109,7 +106,7 @@ class DeviceExecutor final : public Executor {
     std::size_t kept = 0;
     std::size_t i = 0;
     for (; i < blocks_.size() && (kept < std::max(window_max_, kKeepStagingBytes)); ++i) kept += blocks_[i].size;
-    for (std::size_t j = i; j < blocks_.size(); ++j) retired_.push_back({blocks_[j].p, blocks_[j].size, /*pinned=*/true});
+    retired_.insert(retired_.end(), blocks_.begin() + static_cast<std::ptrdiff_t>(i), blocks_.end());
     blocks_.resize(i);
     window_max_ = 0;
   }
@@ -162,26 +159,19 @@ class DeviceExecutor final : public Executor {
   static constexpr int kWindow = 16;
 
  private:
-  struct DeviceBuffer {
+  /// Device scratch, a pinned staging block, or either given up (`pinned` says which).
+  struct Allocation {
     std::byte* p = nullptr;
     std::size_t size = 0;
-  };
-  struct Block {
-    std::byte* p;
-    std::size_t size;
-  };
-  struct Retired {
-    std::byte* p;
-    std::size_t size;
-    bool pinned;
+    bool pinned = false;
   };
   /// Device scratch of at least n bytes, grown to twice the old size at least (so that retired
   /// buffers add up to less than the live one). The old buffer is retired, not freed: see collect().
-  std::byte* grow(DeviceBuffer& b, std::size_t n) {
+  std::byte* grow(Allocation& b, std::size_t n) {
     if (b.p != nullptr && b.size >= n) return b.p;
     const std::size_t size = std::max({n, 2 * b.size, std::size_t{256}});
     std::byte* p = static_cast<std::byte*>(rt_.alloc_device(size));
-    if (b.p) retired_.push_back({b.p, b.size, /*pinned=*/false});
+    if (b.p) retired_.push_back(b);
     b.p = p;
     b.size = size;
     return p;
@@ -190,12 +180,12 @@ class DeviceExecutor final : public Executor {
   std::chrono::milliseconds timeout_;
   device::Stream stream_ = nullptr;
   device::Event done_ = nullptr;
-  DeviceBuffer slots_, work_;
-  std::vector<Block> blocks_;
+  Allocation slots_, work_;
+  std::vector<Allocation> blocks_;
   std::size_t block_ = 0, used_ = 0;
   std::size_t staged_ = 0, window_max_ = 0;
   int calls_ = 0;
-  std::vector<Retired> retired_;  ///< scratch and staging given up, freed by collect()
+  std::vector<Allocation> retired_;  ///< scratch and staging given up, freed by collect()
 };
 
 /// The handshake between a user's stream and a call that the communicator runs on the host: the

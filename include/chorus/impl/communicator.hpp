@@ -87,10 +87,6 @@ inline void check_collective_args(algo::CollectiveKind kind, const void* in, con
   if (need_out && out == nullptr) fail("the output buffer is null but count is " + std::to_string(count));
 }
 
-}  // namespace detail
-
-namespace detail {
-
 /// The lock a collective holds while it takes its sequence number and its place in the executor
 /// (a few instructions, or a few microseconds to queue an async call): one atomic exchange to take
 /// it and a plain store to give it back, where a std::mutex costs two locked instructions on the
@@ -194,8 +190,6 @@ struct Communicator<T>::State {
   detail::CallLock call_mu;
   std::uint64_t coll_seq = 0;       ///< collectives called so far (identical on every rank; under call_mu)
   std::atomic<std::uint64_t> split_seq{0};
-  /// One receive buffer per peer, owned jointly with the pending receives' callbacks: a receive
-  /// still posted in a shared link when this communicator is gone keeps its buffer alive.
   mismatch::Watch<T> watch;  ///< the notices of a mismatch found elsewhere, and the herald that spreads one
   std::atomic<bool> aborted{false};
   /// The last calls (at least 16; CHORUS_FLIGHT_RECORDER_ENTRIES): dumped on a failure, and
@@ -679,11 +673,11 @@ Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* 
   d.dtype = dt;
   d.op = op;
   d.root = root;
+  State& st = *s_;
   algo::Args a;
   a.in = static_cast<const std::byte*>(in);
   a.out = static_cast<std::byte*>(out);
-  a.exec = &s_->host_exec;
-  State& st = *s_;
+  a.exec = &st.host_exec;
   if (stream && !st.runtime)
     throw Error(ErrorCode::unsupported, st.ctx(-1, algo::describe(d)),
                 "a call on a stream needs a device runtime (include chorus/cuda.hpp from a .cu file, or "
