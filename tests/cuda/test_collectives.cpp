@@ -7,8 +7,6 @@
 
 #include <chrono>
 #include <memory>
-#include <sstream>
-#include <string>
 
 #include "chorus/communicator.hpp"
 #include "chorus/device/runtime.hpp"
@@ -32,18 +30,11 @@ void matrix(int world) {
   chorus::test::ProcessOptions p;
   p.timeout = 280s;
   p.comm_timeout = 60s;
-  chorus::test::run_processes(
-      world,
-      [world](int rank, chorus::Options o) {
-        auto rt = chorus::test::make_cuda_runtime();
-        rt->set_device(rank % rt->device_count());
-        o.chunk_bytes = 512;
-        Comm comm = Comm::create(o);
-        std::ostringstream where;
-        where << "(" << Comm::transport_type::kName << ", world " << world << ", CUDA)";
-        chorus::test::device_matrix::run_all(comm, *rt, where.str());
-      },
-      p);
+  chorus::test::device_matrix::run_in_processes<Comm>(world, "CUDA", p, [](int rank) {
+    auto rt = chorus::test::make_cuda_runtime();
+    rt->set_device(rank % rt->device_count());
+    return rt;
+  });
 }
 
 using ShmComm = chorus::Communicator<chorus::shm::Transport>;

@@ -6,8 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <sstream>
-#include <string>
+#include <memory>
 
 #include "chorus/communicator.hpp"
 #include "chorus/device/sim_runtime.hpp"
@@ -26,17 +25,9 @@ void matrix(int world) {
   chorus::test::ProcessOptions p;
   p.timeout = 240s;
   p.comm_timeout = 30s;
-  chorus::test::run_processes(
-      world,
-      [world](int, chorus::Options o) {
-        chorus::device::SimRuntime rt;
-        o.chunk_bytes = 512;
-        Comm comm = Comm::create(o);
-        std::ostringstream where;
-        where << "(" << Comm::transport_type::kName << ", world " << world << ", simulated runtime)";
-        chorus::test::device_matrix::run_all(comm, rt, where.str());
-      },
-      p);
+  chorus::test::device_matrix::run_in_processes<Comm>(world, "simulated runtime", p, [](int) {
+    return std::make_unique<chorus::device::SimRuntime>();
+  });
 }
 
 using ShmComm = chorus::Communicator<chorus::shm::Transport>;

@@ -11,9 +11,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -224,6 +226,25 @@ void run_all(Comm& comm, chorus::device::Runtime& rt, const std::string& where) 
   }
   comm.barrier();
   rt.destroy_stream(stream);
+}
+
+/// The matrix at one world size with ranks as processes (bounds in `p`): each rank makes its
+/// runtime with make_runtime(rank), then a communicator of type Comm with 512-byte slices, and
+/// runs run_all.
+template <class Comm, class MakeRuntime>
+void run_in_processes(int world, std::string_view runtime_name, chorus::test::ProcessOptions p,
+                      const MakeRuntime& make_runtime) {
+  chorus::test::run_processes(
+      world,
+      [&](int rank, chorus::Options o) {
+        const std::unique_ptr<chorus::device::Runtime> rt = make_runtime(rank);  // outlives comm
+        o.chunk_bytes = 512;
+        Comm comm = Comm::create(o);
+        std::ostringstream where;
+        where << "(" << Comm::transport_type::kName << ", world " << world << ", " << runtime_name << ")";
+        run_all(comm, *rt, where.str());
+      },
+      p);
 }
 
 }  // namespace chorus::test::device_matrix

@@ -236,11 +236,10 @@ class Driver {
         write_input(cl, seed);
         start(cl);
         finish();
-        const std::size_t extent = (std::max(l.send, l.recv) + static_cast<std::size_t>(n_) * l.recv_in_place) * elem;
         const std::string what = std::string(d_.name) + " " + std::string(nccl_name(dt)) + " " +
                                  std::string(to_string(op)) + " root " + std::to_string(root) + " size " +
                                  std::to_string(std::max(l.send, l.recv) * elem) + (in_place ? " in-place" : " out-of-place");
-        std::array<std::int64_t, 1> w{count_wrong(d_, read_output(cl, extent), seed, what.c_str())};
+        std::array<std::int64_t, 1> w{count_wrong(d_, read_output(cl), seed, what.c_str())};
         comm_.all_reduce(w, ReduceOp::sum);
         wrong = w[0];
         if (wrong != 0) break;
@@ -279,34 +278,34 @@ class Driver {
 
   std::byte* send_base() { return rt_ ? dsend_ : send_.data(); }
   std::byte* recv_base() { return rt_ ? drecv_ : recv_.data(); }
-  /// The host copy's address of a buffer address (the same on the host).
-  std::byte* host_of(const std::byte* p) {
-    if (!rt_) return const_cast<std::byte*>(p);
-    if (p >= dsend_ && p < dsend_ + capacity_) return send_.data() + (p - dsend_);
-    return recv_.data() + (p - drecv_);
-  }
-  /// Writes the call's input (into its host copy and, for device buffers, the device after it;
-  /// for in place, the receive buffer is written whole, as zeroed before the check).
-  void write_input(const Call& c, std::uint64_t seed) {
+  /// The call with its buffers' host copies (itself for host buffers).
+  Call host_call(const Call& c) {
+    if (!rt_) return c;
+    auto host_of = [&](const std::byte* p) {
+      return p >= dsend_ && p < dsend_ + capacity_ ? send_.data() + (p - dsend_) : recv_.data() + (p - drecv_);
+    };
     Call h = c;
     h.in = host_of(c.in);
     h.out = host_of(c.out);
-    fill_input(h, seed);
+    return h;
+  }
+  /// Writes the call's input into the host copies, then (device buffers) both copies whole to
+  /// the device: in place, the receive buffer is as zeroed before the check.
+  void write_input(const Call& c, std::uint64_t seed) {
+    fill_input(host_call(c), seed);
     if (!rt_) return;
     rt_->copy(dsend_, send_.data(), capacity_, device::Stream{});
     rt_->copy(drecv_, recv_.data(), capacity_, device::Stream{});
     rt_->synchronize(device::Stream{});
   }
-  /// The call as the host sees it once done: for device buffers, the output copied back first.
-  Call read_output(const Call& c, std::size_t extent) {
-    Call h = c;
-    h.in = host_of(c.in);
-    h.out = host_of(c.out);
+  /// The call as the host sees it once done: for device buffers, the receive buffer is copied
+  /// back whole first.
+  Call read_output(const Call& c) {
     if (rt_) {
-      rt_->copy(recv_.data(), drecv_, std::min(extent, capacity_), device::Stream{});
+      rt_->copy(recv_.data(), drecv_, capacity_, device::Stream{});
       rt_->synchronize(device::Stream{});
     }
-    return h;
+    return host_call(c);
   }
 
   device::Runtime* rt_;          ///< null: host buffers
