@@ -558,9 +558,11 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     st.recorder->started(desc, choice.algorithm);
     auto fail = [&](const Error& e) {
       ticket.release(false);
-      // A device that failed (the runtime's error) leaves the peers waiting on this rank's
-      // messages: abort, so that they learn at once (peer_failure) instead of by their timeout.
-      if (x.staged() && e.code() == ErrorCode::system) st.transport->abort(e);
+      // A failed call may leave messages in flight that still read or write the caller's
+      // buffers (a peer pulls a large send from them), and peers waiting on this rank: abort
+      // before the caller gets the buffers back, so nothing touches them after the throw and the
+      // peers learn at once (peer_failure). A mismatch is aborted by spread(), after its notices.
+      if (e.code() != ErrorCode::mismatch) st.transport->abort(e);
       try {
         st.failed(desc, e);
       } catch (const Error& richer) {
