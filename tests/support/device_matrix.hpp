@@ -4,8 +4,9 @@
 /// {0, 1, 13, 1000} and one large count, roots other than 0, in place and out of place. Every call
 /// runs twice on the same communicator with the same inputs: on host buffers (the host path) and
 /// on device buffers on a stream; the device result must equal the host result bit for bit, and
-/// all_reduce's also the reference of support/fill.hpp (whose inputs make every reduction order
-/// give the same bits).
+/// the host result the reference: support/fill.hpp's for all_reduce and reduce_scatter (whose
+/// inputs make every reduction order give the same bits), the other ranks' inputs for the
+/// data-movement collectives.
 
 #include <chrono>
 #include <cstddef>
@@ -152,9 +153,9 @@ struct Runner {
     const Bytes device_result = (in_place ? d_in : d_out).read(stream);
     req.wait();
 
-    if (coll == Coll::all_reduce || coll == Coll::reduce_scatter) {
+    if (coll == Coll::all_reduce || coll == Coll::reduce_scatter || (coll == Coll::reduce && r == root)) {
       // The host path against fill.hpp's reference first: a failure then says which path is wrong.
-      const std::size_t base = coll == Coll::all_reduce ? 0 : static_cast<std::size_t>(r) * count;
+      const std::size_t base = coll == Coll::reduce_scatter ? static_cast<std::size_t>(r) * count : 0;
       Bytes want = reference_all_reduce(dt, seed, n, base + count, op);
       want.erase(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(base * es));
       const long ref = first_difference(host_result, want, es);
@@ -162,8 +163,39 @@ struct Runner {
       const long dref = first_difference(device_result, want, es);
       expect(dref < 0, what + ": the device result differs from the reference at element " + std::to_string(dref));
     }
+    if (Bytes want; movement_reference(coll, dt, seed, r, n, count, root, want)) {
+      const long ref = first_difference(host_result, want, es);
+      expect(ref < 0, what + ": the host result differs from the reference at element " + std::to_string(ref));
+    }
     const long at = first_difference(device_result, host_result, es);
     expect(at < 0, what + ": the device result differs from the host result at element " + std::to_string(at));
+  }
+
+  /// What a data-movement collective (and reduce, at its root) must leave in rank r's output,
+  /// built from the inputs every rank makes: false where there is nothing to check.
+  static bool movement_reference(Coll coll, DataType dt, std::uint64_t seed, int r, int n, std::size_t count, int root,
+                                 Bytes& want) {
+    const std::size_t es = chorus::size_of(dt), total = count * static_cast<std::size_t>(n);
+    auto block = [&](const Bytes& b, int i) {
+      const auto at = b.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(i) * count * es);
+      return Bytes(at, at + static_cast<std::ptrdiff_t>(count * es));
+    };
+    auto append = [&](const Bytes& b) { want.insert(want.end(), b.begin(), b.end()); };
+    switch (coll) {
+      case Coll::broadcast: want = make_input(dt, seed, n, root, count, ReduceOp::sum, false); return true;
+      case Coll::scatter: want = block(make_input(dt, seed, n, root, total, ReduceOp::sum, false), r); return true;
+      case Coll::gather:
+        if (r != root) return false;
+        for (int q = 0; q < n; ++q) append(make_input(dt, seed, n, q, count, ReduceOp::sum, false));
+        return true;
+      case Coll::all_gather:
+        for (int q = 0; q < n; ++q) append(make_input(dt, seed, n, q, count, ReduceOp::sum, false));
+        return true;
+      case Coll::all_to_all:
+        for (int q = 0; q < n; ++q) append(block(make_input(dt, seed, n, q, total, ReduceOp::sum, false), r));
+        return true;
+      default: return false;
+    }
   }
 
   chorus::Request start(Coll coll, std::byte* in, std::byte* out, std::size_t count, DataType dt, ReduceOp op, int root,
@@ -229,16 +261,16 @@ void run_all(Comm& comm, chorus::device::Runtime& rt, const std::string& where) 
 }
 
 /// The matrix at one world size with ranks as processes (bounds in `p`): each rank makes its
-/// runtime with make_runtime(rank), then a communicator of type Comm with 512-byte slices, and
-/// runs run_all.
+/// runtime with make_runtime(rank), then a communicator of type Comm with slices of chunk_bytes,
+/// and runs run_all.
 template <class Comm, class MakeRuntime>
 void run_in_processes(int world, std::string_view runtime_name, chorus::test::ProcessOptions p,
-                      const MakeRuntime& make_runtime) {
+                      const MakeRuntime& make_runtime, std::size_t chunk_bytes = 512) {
   chorus::test::run_processes(
       world,
       [&](int rank, chorus::Options o) {
         const std::unique_ptr<chorus::device::Runtime> rt = make_runtime(rank);  // outlives comm
-        o.chunk_bytes = 512;
+        o.chunk_bytes = chunk_bytes;
         Comm comm = Comm::create(o);
         std::ostringstream where;
         where << "(" << Comm::transport_type::kName << ", world " << world << ", " << runtime_name << ")";

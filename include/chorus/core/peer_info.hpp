@@ -7,6 +7,9 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "chorus/core/error.hpp"
 #include "chorus/detail/env.hpp"
@@ -20,6 +23,16 @@ struct PeerInfo {
   /// which the network namespace decides), or "id:" + CHORUS_HOST_ID where that is set (tests
   /// that pretend to span hosts; see docs/environment.md).
   std::string host;
+  /// What the candidates that publish something of their own (a static `local_fact(ctx)`, e.g.
+  /// rdma: the fabric this rank can use, "" for none) said, by candidate name.
+  std::vector<std::pair<std::string, std::string>> facts;
+
+  /// The fact a candidate published, "" when it published none.
+  std::string_view fact(std::string_view name) const {
+    for (const auto& [k, v] : facts)
+      if (k == name) return v;
+    return {};
+  }
 };
 
 namespace detail {

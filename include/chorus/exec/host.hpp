@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "chorus/detail/owned_memory.hpp"
 #include "chorus/exec/executor.hpp"
 #include "chorus/reduce/host.hpp"
 
@@ -29,25 +30,25 @@ class Scratch {
     calls_ = 0;
     for (Buffer* b : {&slots_, &work_}) {
       if (b->v.size() > kKeepBytes && b->window_max < b->v.size() / 2) {
-        std::vector<std::byte>(std::max(b->window_max, kKeepBytes)).swap(b->v);
+        b->v.resize(std::max(b->window_max, kKeepBytes));
       }
       b->window_max = 0;
     }
   }
   /// Bytes held.
-  std::size_t bytes() const { return slots_.v.capacity() + work_.v.capacity(); }
+  std::size_t bytes() const { return slots_.v.size() + work_.v.size(); }
 
   static constexpr std::size_t kKeepBytes = std::size_t(4) << 20;
   static constexpr int kWindow = 16;
 
  private:
   struct Buffer {
-    std::vector<std::byte> v;
+    chorus::detail::OwnedBuffer v;  ///< announced to OwnedMemory: a transport may keep it registered
     std::size_t window_max = 0;  ///< the most a call needed since the last look
   };
   static std::byte* grow(Buffer& b, std::size_t n) {
     if (n > b.window_max) b.window_max = n;
-    if (b.v.size() < n) b.v.resize(n);
+    if (b.v.size() < n) b.v.resize(std::max(n, 2 * b.v.size()));  // geometric, as a vector grows
     return b.v.data();
   }
   Buffer slots_;

@@ -157,6 +157,19 @@ class TagMatcher {
   void remove_unexpected_if(Pred&& pred) {
     std::erase_if(unexpected_, [&](Unexpected& u) { return pred(u.arrival); });
   }
+  /// Removes, per tag, the first unexpected message for which `pred` returns true and every later
+  /// one of that tag (a link that breaks drops the large messages it can no longer fetch; the
+  /// small ones behind them on their tag go too, or a receive would take them out of order).
+  template <class Pred>
+  void remove_unexpected_from(Pred&& pred) {
+    std::vector<Tag> cut;
+    std::erase_if(unexpected_, [&](Unexpected& u) {
+      if (std::find(cut.begin(), cut.end(), u.tag) != cut.end()) return true;
+      if (!pred(u.arrival)) return false;
+      cut.push_back(u.tag);
+      return true;
+    });
+  }
 
  private:
   struct Unexpected {

@@ -271,6 +271,25 @@ class DrivenEngine : public Driver {
   std::atomic<bool> stop{false};
 
  protected:
+  /// The background thread's loop of a polling engine: passes while they move, spins for `spin`
+  /// after the last one that moved, then sleeps (sleep_until) for at most `poll` at a time.
+  void run_passes(std::chrono::microseconds spin, std::chrono::milliseconds poll) {
+    Engine& e = self();
+    auto last_active = Clock::now();
+    const auto nothing = [] { return false; };
+    run_background([&] {
+      const auto now = Clock::now();
+      if (e.pass()) {
+        last_active = now;
+      } else if (now - last_active < spin) {
+        e.spin_wait(nothing);
+      } else {
+        e.sleep_until(now + poll, nothing);
+        last_active = Clock::now();
+      }
+    });
+  }
+
   /// The background thread's loop: it takes the token only when no caller has driven for
   /// kHandover, and repeats `step()` (a pass, a spin or a wait, each short or ended by
   /// wake_background) until a caller asks for the token or the engine stops.

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "chorus/transport/rdma/transport.hpp"
 #include "chorus/transport/shm/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 
@@ -21,7 +22,7 @@ struct List {};
 using Candidates = List<
     // cuda_ipc::Transport will go here (GPUs of one host), before shm.
     shm::Transport,  // processes of one host
-    // rdma::Transport will go here (hosts that share a fabric), before tcp.
+    rdma::Transport,  // hosts that share an RDMA fabric
     tcp::Transport  // any two ranks
     >;
 

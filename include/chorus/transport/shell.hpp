@@ -2,8 +2,10 @@
 /// The shell that the transports share around their links: the request a link operation returns,
 /// the checks of link(peer) and the abort that fails every link (the engine-driven tcp and shm use
 /// all three; inproc, whose requests have no engine and whose abort breaks its in-process world,
-/// uses the peer check). A new transport folder uses these rather than writing them again.
+/// uses the peer check), and the completions a link gathers under its lock and runs after it. A new
+/// transport folder uses these rather than writing them again.
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -14,6 +16,50 @@
 #include "chorus/transport/matching.hpp"
 
 namespace chorus::detail {
+
+/// Completions gathered under the lock and run after it is released.
+/// The first kInline completions of a pass live in the object itself, so a pass that completes a
+/// few requests allocates nothing.
+class Completions {
+ public:
+  void complete(std::shared_ptr<RequestState> r, std::size_t bytes) { add({std::move(r), true, bytes, {}, {}}); }
+  void fail(std::shared_ptr<RequestState> r, ErrorCode code, std::string why) { add({std::move(r), false, 0, code, std::move(why)}); }
+  void run() {
+    for (std::size_t i = 0; i < n_; ++i) finish(i < kInline ? inline_[i] : more_[i - kInline]);
+    n_ = 0;
+    more_.clear();
+  }
+  ~Completions() { run(); }
+
+ private:
+  struct Item {
+    std::shared_ptr<RequestState> req;
+    bool ok = false;
+    std::size_t bytes = 0;
+    ErrorCode code = ErrorCode::system;
+    std::string why;
+  };
+  static constexpr std::size_t kInline = 8;
+
+  void add(Item it) {
+    if (n_ < kInline)
+      inline_[n_] = std::move(it);
+    else
+      more_.push_back(std::move(it));
+    ++n_;
+  }
+  static void finish(Item& i) {
+    std::shared_ptr<RequestState> r = std::move(i.req);
+    if (i.ok)
+      r->complete(i.bytes);
+    else
+      r->fail(i.code, i.why);
+  }
+
+  std::array<Item, kInline> inline_;
+  std::vector<Item> more_;
+  std::size_t n_ = 0;
+};
 
 /// The request of one link operation ("send" or "recv"), from the link's pooled factory: it names
 /// the rank, peer, tag, bytes, timeout and the engine that drives it.
@@ -31,6 +77,15 @@ L& checked_link(const std::vector<std::unique_ptr<L>>& links, int rank, int size
   if (peer < 0 || peer >= size || peer == rank || !links[static_cast<std::size_t>(peer)])
     throw Error(ErrorCode::invalid_argument, ErrorContext{rank, peer, op}, peer == rank ? self_text : none_text);
   return *links[static_cast<std::size_t>(peer)];
+}
+
+/// memory_bytes() of a transport `self` whose links sit in `links`: itself and what each link holds.
+template <class T, class L>
+std::size_t links_memory_bytes(const T& self, const std::vector<std::unique_ptr<L>>& links) {
+  std::size_t b = sizeof(self);
+  for (const auto& l : links)
+    if (l) b += l->memory_bytes();
+  return b;
 }
 
 /// The bounds check of link(peer) for a transport that has a link to every rank, itself included

@@ -7,7 +7,9 @@
 /// - anything else is unsupported here.
 ///
 /// can_connect reads the PeerInfo (core/peer_info.hpp) that every rank publishes in the store at
-/// construction, so both ends of each pair choose alike. Every rank builds its candidates in
+/// construction, so both ends of each pair choose alike: its host, and the fact of each candidate
+/// that has a static local_fact(ctx) (rdma: the fabric it can use). A candidate with a static
+/// why_not(me, peer) explains a forced pair it cannot connect. Every rank builds its candidates in
 /// registry order, each over the peers it serves (the subset constructor of the Transport
 /// concept): a rank waiting in one candidate's set-up only waits for ranks in the same one.
 ///
@@ -174,13 +176,42 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   // Exchange PeerInfo (every rank, so the decision is the same at both ends of each pair).
   // One deadline for all peers: the whole exchange is bounded by the timeout, not each get.
   const auto deadline = std::chrono::steady_clock::now() + b.options.timeout;
-  const PeerInfo me{rank_, chorus::detail::host_id(ctx)};
+  PeerInfo me{rank_, chorus::detail::host_id(ctx), {}};
   b.store->set("hybrid/host/" + std::to_string(rank_), me.host);
+  // The facts of the candidates that publish one (in registry order; "" for none).
+  [[maybe_unused]] auto fact_key = [](std::string_view name, int r) {
+    return "hybrid/fact/" + std::string(name) + "/" + std::to_string(r);
+  };
+  (
+      [&] {
+        if constexpr (requires { Ts::local_fact(ctx); }) {
+          me.facts.emplace_back(std::string(Ts::kName), Ts::local_fact(ctx));
+          b.store->set(fact_key(Ts::kName, rank_), me.facts.back().second);
+        }
+      }(),
+      ...);
+  // ": why" of the forced candidate k, where it says why it cannot connect a pair (why_not).
+  auto why_not = [](std::size_t k, const PeerInfo& a, const PeerInfo& c) {
+    std::string s;
+    std::size_t i = 0;
+    (
+        [&] {
+          if constexpr (requires { Ts::why_not(a, c); })
+            if (i == k) s = ": " + Ts::why_not(a, c);
+          ++i;
+        }(),
+        ...);
+    return s;
+  };
   std::vector<std::size_t> choice(n, kCount);
   for (int p = 0; p < size_; ++p) {
     if (!peers[static_cast<std::size_t>(p)]) continue;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    const PeerInfo peer{p, b.store->get("hybrid/host/" + std::to_string(p), std::max(left, std::chrono::milliseconds(1)))};
+    PeerInfo peer{p, b.store->get("hybrid/host/" + std::to_string(p), std::max(left, std::chrono::milliseconds(1))), {}};
+    for (const auto& [name, mine] : me.facts) {
+      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      peer.facts.emplace_back(name, b.store->get(fact_key(name, p), std::max(wait, std::chrono::milliseconds(1))));
+    }
     const std::array<bool, kCount> can{Ts::can_connect(me, peer)...};
     std::size_t c = forced;
     if (forced == kCount) {
@@ -191,7 +222,7 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
       throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"},
                   "transport=" + mode + ", but rank " + std::to_string(p) +
                       (peer.host != me.host ? " is on another host" : " cannot be reached over it") + " ('" +
-                      peer.host + "', this rank: '" + me.host + "'); use transport=" +
+                      peer.host + "', this rank: '" + me.host + "')" + why_not(forced, me, peer) + "; use transport=" +
                       listed("auto", [&](std::size_t i) { return can[i]; }, " or "));
     }
     choice[static_cast<std::size_t>(p)] = c;

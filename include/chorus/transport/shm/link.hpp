@@ -69,49 +69,7 @@ struct Hub {
   }
 };
 
-/// Completions gathered under the lock and run after it is released.
-/// The first kInline completions of a pass live in the object itself, so a pass that completes a
-/// few requests allocates nothing.
-class Completions {
- public:
-  void complete(ReqPtr r, std::size_t bytes) { add({std::move(r), true, bytes, {}, {}}); }
-  void fail(ReqPtr r, ErrorCode code, std::string why) { add({std::move(r), false, 0, code, std::move(why)}); }
-  void run() {
-    for (std::size_t i = 0; i < n_; ++i) finish(i < kInline ? inline_[i] : more_[i - kInline]);
-    n_ = 0;
-    more_.clear();
-  }
-  ~Completions() { run(); }
-
- private:
-  struct Item {
-    ReqPtr req;
-    bool ok = false;
-    std::size_t bytes = 0;
-    ErrorCode code = ErrorCode::system;
-    std::string why;
-  };
-  static constexpr std::size_t kInline = 8;
-
-  void add(Item it) {
-    if (n_ < kInline)
-      inline_[n_] = std::move(it);
-    else
-      more_.push_back(std::move(it));
-    ++n_;
-  }
-  static void finish(Item& i) {
-    ReqPtr r = std::move(i.req);
-    if (i.ok)
-      r->complete(i.bytes);
-    else
-      r->fail(i.code, i.why);
-  }
-
-  std::array<Item, kInline> inline_;
-  std::vector<Item> more_;
-  std::size_t n_ = 0;
-};
+using chorus::detail::Completions;
 
 using chorus::detail::EagerArrival;
 using chorus::detail::RecvOp;
@@ -352,7 +310,7 @@ class Link {
     if (close && sock_) ::shutdown(sock_.get(), SHUT_RDWR);
     chorus::detail::log(chorus::detail::LogLevel::info, rank_, "shm link to peer ", peer_, " broken: ", why);
     matcher_.drain_posted([&](detail::RecvOp& r) { done.fail(r.req, code, why); });
-    matcher_.remove_unexpected_if([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
+    matcher_.remove_unexpected_from([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
     for (auto& [id, a] : active_recv_) done.fail(a.recv.req, code, why);
     active_recv_.clear();
     for (auto& p : pulls_) done.fail(p.recv.req, code, why);

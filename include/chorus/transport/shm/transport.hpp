@@ -186,21 +186,7 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
 
   // ---- the background thread ----
 
-  void run() {
-    auto last_active = Clock::now();
-    const auto nothing = [] { return false; };
-    run_background([&] {
-      const auto now = Clock::now();
-      if (pass()) {
-        last_active = now;
-      } else if (now - last_active < kSpin) {
-        spin_wait(nothing);
-      } else {
-        sleep_until(now + kPoll, nothing);
-        last_active = Clock::now();
-      }
-    });
-  }
+  void run() { run_passes(kSpin, kPoll); }
 
  private:
   /// Lock-free: input in a ring, or a kick.
@@ -285,10 +271,7 @@ class Transport {
   }
   /// Bytes the links hold (see Link::memory_bytes()).
   std::size_t memory_bytes() const {
-    std::size_t b = sizeof(*this);
-    for (const auto& l : engine_->links)
-      if (l) b += l->memory_bytes();
-    return b;
+    return chorus::detail::links_memory_bytes(*this, engine_->links);
   }
   /// True when messages from `peer` are pulled with cross-memory attach (else streamed).
   bool uses_cma(int peer) { return link(peer).cma(); }

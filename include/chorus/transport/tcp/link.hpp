@@ -185,7 +185,7 @@ class Link {
     }
     chorus::detail::log(chorus::detail::LogLevel::info, rank_, "link to peer ", peer_, " broken: ", why);
     matcher_.drain_posted([&](detail::RecvOp& r) { r.req->fail(code, why); });
-    matcher_.remove_unexpected_if([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
+    matcher_.remove_unexpected_from([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
     for (auto& [id, r] : active_recv_) r.req->fail(code, why);
     active_recv_.clear();
     if (reading_into_) reading_into_->fail(code, why);

@@ -116,10 +116,7 @@ class Transport {
 
   /// Bytes the links hold (see Link::memory_bytes()).
   std::size_t memory_bytes() const {
-    std::size_t b = sizeof(*this);
-    for (const auto& l : engine_->links)
-      if (l) b += l->memory_bytes();
-    return b;
+    return chorus::detail::links_memory_bytes(*this, engine_->links);
   }
 
   /// Fails every link with why's code (peer_failure for a user abort, mismatch when a collective

@@ -1,0 +1,56 @@
+#pragma once
+/// Which verbs provider the rdma transport of this process opens (verbs.hpp), and what it tells
+/// the other ranks about it (the fact that hybrid::Transport exchanges, core/peer_info.hpp):
+/// - CHORUS_IB_FAKE=<file>: the in-repo fake (fake.hpp) on that fabric file, for tests: every
+///   process of the job names the same file;
+/// - else, when the program links chorus::rdma (CHORUS_WITH_RDMA): libibverbs (ibverbs.hpp), on
+///   the port CHORUS_IB_HCA / CHORUS_IB_GID_INDEX choose, or the first active one;
+/// - else none: "chorus was built without libibverbs".
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "chorus/detail/env.hpp"
+#include "chorus/transport/rdma/fake.hpp"
+#include "chorus/transport/rdma/verbs.hpp"
+#if defined(CHORUS_WITH_RDMA)
+#include "chorus/transport/rdma/ibverbs.hpp"
+#endif
+
+namespace chorus::rdma {
+
+/// Opens this process's provider; nullptr with `why` when none can be used.
+inline std::unique_ptr<Verbs> open_provider(std::string& why) {
+  if (auto fabric = chorus::detail::env_string("CHORUS_IB_FAKE")) {
+    if (fabric->empty()) {
+      why = "CHORUS_IB_FAKE is set but empty";
+      return nullptr;
+    }
+    return open_fake(*fabric, why);
+  }
+#if defined(CHORUS_WITH_RDMA)
+  return open_ibverbs(why);
+#else
+  why = "chorus was built without libibverbs (link the program with chorus::rdma)";
+  return nullptr;
+#endif
+}
+
+/// "ok:<fabric>" when this process can open a provider, "no:<why>" otherwise; probed once per
+/// process (opening a device and closing it again). Ranks whose facts are the same "ok:" string
+/// can reach each other: the fake's fabric file, or the link layer of the NIC (a job whose hosts
+/// sit on different fabrics is not told apart: NCCL assumes one fabric too).
+inline const std::string& local_fabric() {
+  static const std::string fact = [] {
+    std::string why;
+    auto v = open_provider(why);
+    if (!v) return "no:" + why;
+    const PortInfo& p = v->port();
+    if (auto fabric = chorus::detail::env_string("CHORUS_IB_FAKE")) return "ok:fake:" + *fabric;
+    return "ok:" + p.link_layer;
+  }();
+  return fact;
+}
+
+}  // namespace chorus::rdma

@@ -1,0 +1,55 @@
+# Run by busybox sh in the Soft-RoCE guest (scripts/rdma-guest --run), with rxe0 on lo. run-tests'
+# rdma stage writes the release build's path in place of @BUILD@ (the binaries sit at the same paths
+# in the guest). Everything runs serially: rxe drops completions under heavy concurrency.
+# Sections start with "CHORUS-SECTION <name>" lines (scripts/rdma-guest.d/summary.py reads them);
+# the exit status is non-zero when any test or benchmark failed.
+B=@BUILD@
+status=0
+section() { echo "CHORUS-SECTION $*"; }
+run() {
+  "$@" || { echo "CHORUS-FAILED ($?): $*"; status=1; }
+}
+
+# The rdma transport's tests on the real device (no fake: CHORUS_TEST_RDMA_REAL=1), the collective
+# matrix at 2 and 3 ranks among them; the fault injections need the fake and stay out.
+section "rdma transport tests"
+run env CHORUS_TEST_RDMA_REAL=1 "$B/tests/rdma/rdma_tests" --no-intro \
+  -tc='rdma: messages*,rdma: many*,rdma: large*,rdma: a receive*,rdma: transport=*,rdma: every collective dtype and op at world 2,rdma: every collective dtype and op at world 3'
+
+# chorus over rdma, then perftest on the same device in the same boot.
+section "sendrecv_perf rdma 2"
+run "$B/bench/coll/sendrecv_perf" -b 8 -e 16M -f 2 -n 20 -w 5 --nranks 2 --transport rdma
+section "all_reduce_perf rdma 2"
+run "$B/bench/coll/all_reduce_perf" -b 8 -e 16M -f 4 -n 10 -w 3 --nranks 2 --transport rdma
+section "all_reduce_perf rdma 3"
+run "$B/bench/coll/all_reduce_perf" -b 8 -e 16M -f 4 -n 10 -w 3 --nranks 3 --transport rdma
+
+# perftest: a server in the background, the client against it; the client retries while the
+# server is not listening yet (bounded).
+perftest() {  # perftest <tool> <port> <args...>
+  tool=$1 port=$2
+  shift 2
+  "$tool" -d rxe0 -x 1 -p "$port" "$@" > "/tmp/$tool-$port.server" 2>&1 &
+  server=$!
+  tries=0
+  until "$tool" -d rxe0 -x 1 -p "$port" "$@" 127.0.0.1; do
+    tries=$((tries + 1))
+    if [ $tries -ge 20 ]; then
+      echo "CHORUS-FAILED: $tool client could not reach its server"
+      status=1
+      break
+    fi
+    sleep 0.5
+  done
+  wait $server || true
+}
+section "ib_write_bw 1048576"
+perftest ib_write_bw 18601 --report_gbits -s 1048576 -n 200
+section "ib_write_bw 16777216"
+perftest ib_write_bw 18602 --report_gbits -s 16777216 -n 20
+section "ib_write_lat 8"
+perftest ib_write_lat 18603 -s 8 -n 1000
+section "ib_send_lat 8"
+perftest ib_send_lat 18604 -s 8 -n 1000
+section "end"
+exit $status
