@@ -1,9 +1,10 @@
 // tcp_pingpong: point-to-point latency and bandwidth between two processes on this host, over
-// the tcp transport (loopback; the default) or the shm transport (--transport shm). The program
+// the tcp transport (loopback; the default), the shm transport (--transport shm) or the rdma
+// transport (--transport rdma: an RDMA device, e.g. Soft-RoCE on lo, scripts/rdma-guest). The program
 // launches itself: run it plainly and it starts two ranks of itself through chorus::launch_local
 // (which hosts the store on 127.0.0.1).
 //
-//   tcp_pingpong [--transport tcp|shm|auto] [--iters N] [--warmup N] [--repeats N]
+//   tcp_pingpong [--transport tcp|shm|rdma|auto] [--iters N] [--warmup N] [--repeats N]
 //                [--sizes 8,64,1K,64K] [--bw-sizes 1M,16M,64M]
 //
 // Latency: ping-pong, rank 0 sends `size` bytes and rank 1 sends them back; the half round trip
@@ -52,10 +53,10 @@ std::vector<std::size_t> to_sizes(const std::vector<std::string>& items, std::st
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  CLI::App app{"chorus tcp transport: ping-pong latency and one-way bandwidth between 2 local processes"};
+  CLI::App app{"chorus transports: ping-pong latency and one-way bandwidth between 2 local processes"};
   std::vector<std::string> lat = {"8", "64", "1K", "64K"}, bw = {"1M", "16M", "64M"};
-  app.add_option("--transport", a.transport, "tcp, shm or auto (shm between processes of this host)")
-      ->check(CLI::IsMember({"tcp", "shm", "auto"}));
+  app.add_option("--transport", a.transport, "tcp, shm, rdma or auto (shm between processes of this host)")
+      ->check(CLI::IsMember({"tcp", "shm", "rdma", "auto"}));
   app.add_option("--iters", a.iters, "ping-pong iterations per size")->check(CLI::Range(1, 100000000));
   app.add_option("--warmup", a.warmup, "warm-up iterations per size")->check(CLI::Range(0, 100000000));
   app.add_option("--repeats", a.repeats, "bandwidth runs per size (median and best are shown)")->check(CLI::Range(1, 100000));

@@ -16,14 +16,6 @@ section "rdma transport tests"
 run env CHORUS_TEST_RDMA_REAL=1 "$B/tests/rdma/rdma_tests" --no-intro \
   -tc='rdma: messages*,rdma: many*,rdma: large*,rdma: a receive*,rdma: transport=*,rdma: every collective dtype and op at world 2,rdma: every collective dtype and op at world 3'
 
-# chorus over rdma, then perftest on the same device in the same boot.
-section "sendrecv_perf rdma 2"
-run "$B/bench/coll/sendrecv_perf" -b 8 -e 16M -f 2 -n 20 -w 5 --nranks 2 --transport rdma
-section "all_reduce_perf rdma 2"
-run "$B/bench/coll/all_reduce_perf" -b 8 -e 16M -f 4 -n 10 -w 3 --nranks 2 --transport rdma
-section "all_reduce_perf rdma 3"
-run "$B/bench/coll/all_reduce_perf" -b 8 -e 16M -f 4 -n 10 -w 3 --nranks 3 --transport rdma
-
 # perftest: a server in the background, the client against it; the client retries while the
 # server is not listening yet (bounded).
 perftest() {  # perftest <tool> <port> <args...>
@@ -43,13 +35,34 @@ perftest() {  # perftest <tool> <port> <args...>
   done
   wait $server || true
 }
-section "ib_write_bw 1048576"
-perftest ib_write_bw 18601 --report_gbits -s 1048576 -n 200
-section "ib_write_bw 16777216"
-perftest ib_write_bw 18602 --report_gbits -s 16777216 -n 20
-section "ib_write_lat 8"
-perftest ib_write_lat 18603 -s 8 -n 1000
-section "ib_send_lat 8"
-perftest ib_send_lat 18604 -s 8 -n 1000
+# Three rounds, each chorus then perftest on the same device (summary.py takes the medians: one
+# run under emulation can stall). Bandwidth: sendrecv_perf (nccl-tests' default: back-to-back
+# calls) at 1 and 16 MiB against ib_write_bw. Latency at 8 B: tcp_pingpong's ping-pong (half
+# round trip, the pattern of ib_write_lat and ib_send_lat) and sendrecv_perf with blocking calls
+# (-z 2: one exchange per iteration, both ranks sending at once).
+for round in 1 2 3; do
+  section "sendrecv_perf rdma 2 round $round"
+  run "$B/bench/coll/sendrecv_perf" -b 1M -e 16M -f 16 -n 20 -w 5 --nranks 2 --transport rdma
+  section "ib_write_bw 1048576 round $round"
+  perftest ib_write_bw $((18600 + 10 * round)) --report_gbits -s 1048576 -n 200
+  section "ib_write_bw 16777216 round $round"
+  perftest ib_write_bw $((18601 + 10 * round)) --report_gbits -s 16777216 -n 20
+  section "pingpong rdma round $round"
+  run "$B/bench/p2p/tcp_pingpong" --transport rdma --sizes 8 --bw-sizes 1M --iters 1000 --repeats 1
+  section "sendrecv_perf rdma 2 blocking 8 round $round"
+  run "$B/bench/coll/sendrecv_perf" -b 8 -e 8 -n 1000 -w 100 -z 2 --nranks 2 --transport rdma
+  section "ib_write_lat 8 round $round"
+  perftest ib_write_lat $((18602 + 10 * round)) -s 8 -n 1000
+  section "ib_send_lat 8 round $round"
+  perftest ib_send_lat $((18603 + 10 * round)) -s 8 -n 1000
+done
+
+# The whole sweeps once, for the record.
+section "sendrecv_perf rdma 2"
+run "$B/bench/coll/sendrecv_perf" -b 8 -e 16M -f 4 -n 10 -w 3 --nranks 2 --transport rdma
+section "all_reduce_perf rdma 2"
+run "$B/bench/coll/all_reduce_perf" -b 8 -e 16M -f 4 -n 10 -w 3 --nranks 2 --transport rdma
+section "all_reduce_perf rdma 3"
+run "$B/bench/coll/all_reduce_perf" -b 8 -e 16M -f 4 -n 10 -w 3 --nranks 3 --transport rdma
 section "end"
 exit $status

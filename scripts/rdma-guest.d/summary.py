@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Reads the log of a Soft-RoCE guest run (scripts/rdma-guest with scripts/rdma-guest.d/chorus.sh)
-and prints chorus's sendrecv_perf over rdma beside perftest on the same device in the same boot:
+and prints chorus over rdma beside perftest on the same device in the same boot: sendrecv_perf's
 bandwidth at 1 MiB and 16 MiB against ib_write_bw, and 8-byte latency against ib_write_lat and
-ib_send_lat, as ratios (absolute figures under TCG emulation mean little). Bandwidths come from
+ib_send_lat (tcp_pingpong's ping-pong, the same pattern, and sendrecv_perf's blocking exchange), as
+ratios (absolute figures under TCG emulation mean little). Bandwidths come from
 the times (nccl-tests' GB/s columns have two decimals, too few at tens of MB/s).
 
 Usage: summary.py GUEST_LOG. Prints the table; exits 1 when a figure is missing. It asserts no
@@ -47,6 +48,15 @@ def write_bw_mbs(lines, size):
     return float(rows[-1][3]) * 1e3 / 8 if rows else None
 
 
+def pingpong_us(lines, size):
+    """tcp_pingpong's latency table: the median (us) of the row for `size` ("8 B")."""
+    for line in lines:
+        f = line.split()
+        if len(f) >= 4 and " ".join(f[:2]) == size:
+            return float(f[2])
+    return None
+
+
 def lat_us(lines, size):
     """ib_*_lat: (t_typical, t_avg) in us of the row for `size`."""
     rows = numeric_rows(lines, size)
@@ -56,33 +66,50 @@ def lat_us(lines, size):
     return float(f[4]), float(f[5])
 
 
+def median(values):
+    v = sorted(x for x in values if x is not None)
+    return v[len(v) // 2] if v else None
+
+
 def main():
     with open(sys.argv[1], errors="replace") as fh:
         sec = sections(fh.read().splitlines())
+    rounds = sorted({int(m.group(1)) for k in sec for m in [re.search(r" round (\d+)$", k)] if m})
     missing = []
 
-    def need(value, what):
-        if value is None:
-            missing.append(what)
-        return value
+    def per_round(name, read, *args):
+        """The figure `read` gives for section "<name> round <r>" of every round, and their median."""
+        vals = [read(sec.get(f"{name} round {r}", []), *args) for r in rounds]
+        if not vals or any(v is None for v in vals):
+            missing.append(name)
+        return vals, median(vals)
 
-    sr = sec.get("sendrecv_perf rdma 2", [])
-    print("rdma-guest summary (same boot; sendrecv_perf over rdma vs perftest on rxe0):")
+    def fmt(vals, f="{:.1f}"):
+        return "/".join("-" if v is None else f.format(v) for v in vals)
+
+    print(f"rdma-guest summary (same boot, {len(rounds)} rounds, medians; chorus over rdma vs perftest on rxe0):")
     for size, label in ((1 << 20, "1 MiB"), (16 << 20, "16 MiB")):
-        t = need(perf_time_us(sr, size), f"sendrecv_perf {label}")
-        ib = need(write_bw_mbs(sec.get(f"ib_write_bw {size}", []), size), f"ib_write_bw {label}")
-        if t is not None and ib is not None:
-            ours = size / t  # bytes per us = MB/s
-            print(f"  {label:>6}: sendrecv_perf {ours:9.1f} MB/s, ib_write_bw {ib:9.1f} MB/s, ratio {ours / ib:6.1%}")
-    t8 = need(perf_time_us(sr, 8), "sendrecv_perf 8 B")
+        t_vals, _ = per_round("sendrecv_perf rdma 2", perf_time_us, size)
+        ours = [size / t if t else None for t in t_vals]  # bytes per us = MB/s
+        ib, ib_med = per_round(f"ib_write_bw {size}", write_bw_mbs, size)
+        o_med = median(ours)
+        if o_med and ib_med:
+            print(f"  {label:>6} bandwidth: sendrecv_perf {o_med:6.1f} MB/s ({fmt(ours)}), ib_write_bw {ib_med:6.1f} MB/s"
+                  f" ({fmt(ib)}): {o_med / ib_med:6.1%}")
+    pp, pp_med = per_round("pingpong rdma", pingpong_us, "8 B")
+    ex, ex_med = per_round("sendrecv_perf rdma 2 blocking 8", perf_time_us, 8)
     for tool in ("ib_write_lat", "ib_send_lat"):
-        lat = need(lat_us(sec.get(f"{tool} 8", []), 8), f"{tool} 8 B")
-        if t8 is not None and lat is not None:
-            typ, avg = lat
-            print(f"  8 B: sendrecv_perf {t8:8.2f} us, {tool} typical {typ:8.2f} us (ratio {t8 / typ:5.2f}x),"
-                  f" average {avg:8.2f} us (ratio {t8 / avg:5.2f}x)")
-    if missing:
-        print("rdma-guest summary: missing from the log: " + ", ".join(missing))
+        lats, _ = per_round(f"{tool} 8", lat_us, 8)
+        typ = median([l[0] if l else None for l in lats])
+        avg = median([l[1] if l else None for l in lats])
+        if typ and pp_med:
+            print(f"  8 B ping-pong, half round trip (medians): tcp_pingpong {pp_med:6.2f} us ({fmt(pp, '{:.2f}')}),"
+                  f" {tool} typical {typ:6.2f} us: {pp_med / typ:4.2f}x")
+        if avg and ex_med:
+            print(f"  8 B sendrecv_perf -z 2, one exchange both ways at once (means): {ex_med:6.2f} us"
+                  f" ({fmt(ex, '{:.2f}')}), {tool} average {avg:6.2f} us: {ex_med / avg:4.2f}x")
+    if missing or not rounds:
+        print("rdma-guest summary: missing from the log: " + (", ".join(sorted(set(missing))) or "every round"))
         return 1
     return 0
 

@@ -5,11 +5,12 @@
 /// uses the peer check), and the completions a link gathers under its lock and runs after it. A new
 /// transport folder uses these rather than writing them again.
 
-#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <boost/container/small_vector.hpp>
 
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
@@ -18,16 +19,18 @@
 namespace chorus::detail {
 
 /// Completions gathered under the lock and run after it is released.
-/// The first kInline completions of a pass live in the object itself, so a pass that completes a
-/// few requests allocates nothing.
+/// The first kInline completions of a pass live in the object itself (constructed only when
+/// added), so a pass that completes a few requests allocates nothing and one that completes none
+/// costs next to nothing.
 class Completions {
  public:
-  void complete(std::shared_ptr<RequestState> r, std::size_t bytes) { add({std::move(r), true, bytes, {}, {}}); }
-  void fail(std::shared_ptr<RequestState> r, ErrorCode code, std::string why) { add({std::move(r), false, 0, code, std::move(why)}); }
+  void complete(std::shared_ptr<RequestState> r, std::size_t bytes) { items_.push_back({std::move(r), true, bytes, {}, {}}); }
+  void fail(std::shared_ptr<RequestState> r, ErrorCode code, std::string why) {
+    items_.push_back({std::move(r), false, 0, code, std::move(why)});
+  }
   void run() {
-    for (std::size_t i = 0; i < n_; ++i) finish(i < kInline ? inline_[i] : more_[i - kInline]);
-    n_ = 0;
-    more_.clear();
+    for (Item& i : items_) finish(i);
+    items_.clear();
   }
   ~Completions() { run(); }
 
@@ -41,13 +44,6 @@ class Completions {
   };
   static constexpr std::size_t kInline = 8;
 
-  void add(Item it) {
-    if (n_ < kInline)
-      inline_[n_] = std::move(it);
-    else
-      more_.push_back(std::move(it));
-    ++n_;
-  }
   static void finish(Item& i) {
     std::shared_ptr<RequestState> r = std::move(i.req);
     if (i.ok)
@@ -56,9 +52,7 @@ class Completions {
       r->fail(i.code, i.why);
   }
 
-  std::array<Item, kInline> inline_;
-  std::vector<Item> more_;
-  std::size_t n_ = 0;
+  boost::container::small_vector<Item, kInline> items_;
 };
 
 /// The request of one link operation ("send" or "recv"), from the link's pooled factory: it names

@@ -177,9 +177,15 @@ class Link {
     if (failed_) {
       done.fail(req, fail_code_, fail_why_);
     } else if (data.size <= kEagerBytes) {
-      detail::Header h{static_cast<std::uint32_t>(detail::MsgType::eager), 0, tag, data.size, 0, 0, 0};
-      queue_.push_back(Out{Out::message, h, data, req, 0, 0});
-      pump(done);
+      Out o{Out::message, {static_cast<std::uint32_t>(detail::MsgType::eager), 0, tag, data.size, 0, 0, 0}, data, req, 0, 0};
+      // Straight out when nothing waits before it and a credit and queue room are there.
+      const int e = queue_.empty() && room(true) ? post_message(o, done) : -1;
+      if (e > 0) {
+        fail(ErrorCode::system, std::string("ibv_post_send failed: ") + std::strerror(e), true, done);
+      } else if (e < 0) {
+        queue_.push_back(std::move(o));
+        pump(done);
+      }
     } else if (data.size > Policy::kMaxMessageBytes) {
       done.fail(req, ErrorCode::invalid_argument, "message of " + std::to_string(data.size) + " bytes is too large");
     } else {
@@ -249,7 +255,11 @@ class Link {
   void on_completion(const Wc& wc, Completions& done) {
     const auto kind = detail::wr_kind(wc.wr_id);
     const auto low = detail::wr_low(wc.wr_id);
-    if (kind != detail::WrKind::recv_slot) --sq_used_;
+    // A signaled inline message also stands for the unsignaled ones before it (its low bits).
+    if (kind == detail::WrKind::inline_msg)
+      sq_used_ -= static_cast<std::uint32_t>(low);
+    else if (kind != detail::WrKind::recv_slot)
+      --sq_used_;
     if (wc.status != WcStatus::success) {
       if (kind == detail::WrKind::recv_slot && failed_) return;  // flushed after a failure
       return fail(ErrorCode::peer_failure,
@@ -331,6 +341,9 @@ class Link {
 
  private:
   static constexpr std::size_t kEagerBytes = Policy::kSlotBytes - sizeof(detail::Header);
+  /// One inline message in this many asks for a completion (the others' queue slots are freed
+  /// with it).
+  static constexpr std::uint32_t kSignalEvery = 32;
 
   /// Kicks the driver, after the lock is released, when isend/irecv left work queued.
   struct Kick {
@@ -392,9 +405,7 @@ class Link {
         }
         s = &it->second;
       }
-      const bool takes_credit = !s || o.offset + Policy::kChunkBytes >= s->data.size;  // a message, or the last write
-      if (sq_used_ + 2 > Policy::kSendDepth) break;  // one left for a credit write
-      if (takes_credit && used_ - returned_ >= Policy::kSlots) break;
+      if (!room(!s || o.offset + Policy::kChunkBytes >= s->data.size)) break;  // a message, or the last write
       const int e = s ? post_write(o, *s) : post_message(o, done);
       if (e < 0) break;  // no send slot free: wait for a completion
       if (e > 0) {
@@ -412,6 +423,12 @@ class Link {
     return moved;
   }
 
+  /// Room on the send queue (one entry kept for a credit write), and a credit where the work
+  /// request takes one of the peer's receive slots.
+  bool room(bool takes_credit) const {
+    return sq_used_ + 2 <= Policy::kSendDepth && (!takes_credit || used_ - returned_ < Policy::kSlots);
+  }
+
   /// 0 posted, -1 no send slot, else an errno.
   int post_message(Out& o, Completions& done) {
     const std::size_t len = sizeof(detail::Header) + o.payload.size;
@@ -421,10 +438,16 @@ class Link {
       // Inline: the provider copies it at post time.
       std::memcpy(inline_buf_.data(), &o.h, sizeof o.h);
       if (o.payload.size) std::memcpy(inline_buf_.data() + sizeof o.h, o.payload.data, o.payload.size);
-      wr.wr_id = detail::make_wr(detail::WrKind::inline_msg, peer_, 0);
+      // Unsignaled but every kSignalEvery-th: nothing waits for an inline message's completion,
+      // and a completion costs the driver a CQ entry; the signaled one frees the queue slots of
+      // the ones before it (an error completes any work request, signaled or not).
+      const bool signal = unsignaled_ + 1 >= kSignalEvery;
+      wr.signaled = signal;
+      wr.wr_id = detail::make_wr(detail::WrKind::inline_msg, peer_, signal ? unsignaled_ + 1 : 0);
       wr.sge = {reinterpret_cast<std::uintptr_t>(inline_buf_.data()), static_cast<std::uint32_t>(len), 0};
       wr.inline_data = true;
       if (const int e = verbs_.post_send(qp_, wr); e != 0) return e;
+      unsignaled_ = signal ? 0 : unsignaled_ + 1;
     } else {
       if (free_send_slots_.empty()) return -1;
       const std::uint32_t s = free_send_slots_.back();
@@ -560,11 +583,11 @@ class Link {
   void deliver_eager(detail::RecvOp& r, const std::byte* src, std::size_t n, Completions& done) {
     if (r.dst.size != n) {
       chorus::detail::write_prefix(r.dst, src, n);
-      done.fail(r.req, ErrorCode::mismatch, chorus::detail::size_mismatch(n, r.dst.size));
+      done.fail(std::move(r.req), ErrorCode::mismatch, chorus::detail::size_mismatch(n, r.dst.size));
       return;
     }
     if (n) std::memcpy(r.dst.data, src, n);
-    done.complete(r.req, n);
+    done.complete(std::move(r.req), n);
   }
 
   /// A receive met its message (caller's thread or the driver).
@@ -630,6 +653,7 @@ class Link {
   std::vector<std::uint32_t> free_send_slots_;
   std::uint32_t next_id_ = 1;
   std::uint32_t sq_used_ = 0;     ///< work requests on the send queue
+  std::uint32_t unsignaled_ = 0;  ///< inline messages posted since the last signaled one
   std::uint64_t used_ = 0;        ///< credits taken (slot messages sent)
   std::uint64_t returned_ = 0;    ///< credits the peer returned
   std::uint32_t owed_ = 0;        ///< slots reposted, not yet returned to the peer

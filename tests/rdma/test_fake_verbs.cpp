@@ -1,0 +1,246 @@
+// The fake verbs provider itself (transport/rdma/fake.hpp): two QPs of one process connected to
+// each other (the fake copies within a process as across processes), checked the way a NIC would
+// check them: keys, bounds, access, receive lengths, missing receives, flushes, the completion
+// channel, and the registration cache (transport/rdma/registration.hpp) on top of it.
+#include <doctest/doctest.h>
+
+#include <poll.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/detail/owned_memory.hpp"
+#include "chorus/transport/rdma/fake.hpp"
+#include "chorus/transport/rdma/registration.hpp"
+#include "rdma/fabric.hpp"
+
+namespace rdma_test_fake_verbs {
+
+namespace {
+
+using namespace chorus::rdma;
+
+/// One provider, one CQ, two QPs a and b connected to each other.
+struct Pair {
+  chorus::test::FakeFabric fabric;
+  std::unique_ptr<Verbs> v;
+  Cq* cq = nullptr;
+  Qp* a = nullptr;
+  Qp* b = nullptr;
+
+  Pair() {
+    std::string why;
+    v = open_fake(fabric.path(), why);
+    REQUIRE_MESSAGE(v, why);
+    cq = v->create_cq(64);
+    a = v->create_qp(cq, cq, 16, 16, 64);
+    b = v->create_qp(cq, cq, 16, 16, 64);
+    QpAddress la = v->local_address(), lb = v->local_address();
+    la.qpn = a->qp_num;
+    lb.qpn = b->qp_num;
+    REQUIRE(v->connect_qp(a, la, lb, {}) == 0);
+    REQUIRE(v->connect_qp(b, lb, la, {}) == 0);
+  }
+  ~Pair() {
+    v->destroy_qp(a);
+    v->destroy_qp(b);
+    v->destroy_cq(cq);
+  }
+  std::vector<Wc> poll(std::size_t want) {
+    std::vector<Wc> got;
+    Wc w[8];
+    for (int tries = 0; got.size() < want && tries < 1000; ++tries) {
+      const int n = v->poll_cq(cq, 8, w);
+      REQUIRE(n >= 0);
+      got.insert(got.end(), w, w + n);
+    }
+    return got;
+  }
+};
+
+Mr* reg(Verbs& v, void* p, std::size_t n, int access) {
+  int err = 0;
+  Mr* m = v.reg_mr(p, n, access, err);
+  REQUIRE_MESSAGE(m, "reg_mr: " << err);
+  return m;
+}
+
+SendWr write_to(const Mr& src, const Mr& dst, std::size_t n, std::uint64_t offset = 0) {
+  SendWr w;
+  w.wr_id = 7;
+  w.opcode = Opcode::rdma_write;
+  w.sge = {reinterpret_cast<std::uintptr_t>(src.addr), static_cast<std::uint32_t>(n), src.lkey};
+  w.remote_addr = reinterpret_cast<std::uintptr_t>(dst.addr) + offset;
+  w.rkey = dst.rkey;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("fake verbs: send into a posted receive and a write with immediate") {
+  Pair p;
+  std::vector<char> src(100, 'x'), dst(200, 0), target(64, 0);
+  Mr* ms = reg(*p.v, src.data(), src.size(), kLocalWrite);
+  Mr* md = reg(*p.v, dst.data(), dst.size(), kLocalWrite);
+  Mr* mt = reg(*p.v, target.data(), target.size(), kLocalWrite | kRemoteWrite);
+  RecvWr r;
+  r.wr_id = 11;
+  r.sge = {reinterpret_cast<std::uintptr_t>(dst.data()), 200, md->lkey};
+  REQUIRE(p.v->post_recv(p.b, r) == 0);
+  r.wr_id = 12;
+  REQUIRE(p.v->post_recv(p.b, r) == 0);
+  SendWr s;
+  s.wr_id = 1;
+  s.sge = {reinterpret_cast<std::uintptr_t>(src.data()), 100, ms->lkey};
+  REQUIRE(p.v->post_send(p.a, s) == 0);
+  SendWr w = write_to(*ms, *mt, 64);
+  w.opcode = Opcode::rdma_write_imm;
+  w.imm = 0xabcd;
+  REQUIRE(p.v->post_send(p.a, w) == 0);
+  const auto got = p.poll(4);
+  REQUIRE(got.size() == 4);
+  CHECK(got[0].wr_id == 11);
+  CHECK(got[0].opcode == Opcode::recv);
+  CHECK(got[0].byte_len == 100);
+  CHECK(got[1].wr_id == 1);
+  CHECK(got[2].wr_id == 12);
+  CHECK(got[2].opcode == Opcode::recv_rdma_imm);
+  CHECK(got[2].has_imm);
+  CHECK(got[2].imm == 0xabcd);
+  for (const auto& g : got) CHECK(g.status == WcStatus::success);
+  CHECK(std::string(dst.data(), 100) == std::string(100, 'x'));
+  CHECK(std::string(target.data(), 64) == std::string(64, 'x'));
+  for (Mr* m : {ms, md, mt}) p.v->dereg_mr(m);
+}
+
+TEST_CASE("fake verbs: keys bounds and access are checked") {
+  Pair p;
+  std::vector<char> src(64, 'y'), target(64, 0), readonly(64, 0);
+  Mr* ms = reg(*p.v, src.data(), src.size(), kLocalWrite);
+  Mr* mt = reg(*p.v, target.data(), target.size(), kLocalWrite | kRemoteWrite);
+  Mr* mr = reg(*p.v, readonly.data(), readonly.size(), kLocalWrite);
+  SUBCASE("a wrong rkey") {
+    SendWr w = write_to(*ms, *mt, 8);
+    w.rkey = mt->rkey + 1000;
+    REQUIRE(p.v->post_send(p.a, w) == 0);
+  }
+  SUBCASE("past the end of the region") { REQUIRE(p.v->post_send(p.a, write_to(*ms, *mt, 16, 56)) == 0); }
+  SUBCASE("a region without remote write") { REQUIRE(p.v->post_send(p.a, write_to(*ms, *mr, 8)) == 0); }
+  SUBCASE("a deregistered region") {
+    const Mr copy = *mt;
+    p.v->dereg_mr(mt);
+    mt = nullptr;
+    REQUIRE(p.v->post_send(p.a, write_to(*ms, copy, 8)) == 0);
+  }
+  const auto got = p.poll(1);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].status == WcStatus::rem_access_err);
+  CHECK(target == std::vector<char>(64, 0));  // nothing written
+  // The requester's QP is in ERROR now: the next work request is flushed.
+  REQUIRE(p.v->post_send(p.a, write_to(*ms, *mr, 8)) == 0);
+  const auto flushed = p.poll(1);
+  REQUIRE(flushed.size() == 1);
+  CHECK(flushed[0].status == WcStatus::wr_flush_err);
+  for (Mr* m : {ms, mt, mr})
+    if (m) p.v->dereg_mr(m);
+}
+
+TEST_CASE("fake verbs: a send longer than the receive and a send without one") {
+  Pair p;
+  std::vector<char> src(100, 'z'), dst(50, 0);
+  Mr* ms = reg(*p.v, src.data(), src.size(), kLocalWrite);
+  Mr* md = reg(*p.v, dst.data(), dst.size(), kLocalWrite);
+  SendWr s;
+  s.wr_id = 1;
+  s.sge = {reinterpret_cast<std::uintptr_t>(src.data()), 100, ms->lkey};
+  SUBCASE("too long") {
+    RecvWr r;
+    r.wr_id = 2;
+    r.sge = {reinterpret_cast<std::uintptr_t>(dst.data()), 50, md->lkey};
+    REQUIRE(p.v->post_recv(p.b, r) == 0);
+    REQUIRE(p.v->post_send(p.a, s) == 0);
+    const auto got = p.poll(2);
+    REQUIRE(got.size() == 2);
+    CHECK(got[0].status == WcStatus::loc_len_err);
+    CHECK(got[1].status == WcStatus::rem_inv_req_err);
+  }
+  SUBCASE("no receive posted") {
+    REQUIRE(p.v->post_send(p.a, s) == 0);
+    const auto got = p.poll(1);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == WcStatus::rnr_retry_exc_err);
+  }
+  p.v->dereg_mr(ms);
+  p.v->dereg_mr(md);
+}
+
+TEST_CASE("fake verbs: set_qp_error flushes the posted receives") {
+  Pair p;
+  std::vector<char> dst(64);
+  Mr* md = reg(*p.v, dst.data(), dst.size(), kLocalWrite);
+  for (std::uint64_t id : {21, 22}) {
+    RecvWr r;
+    r.wr_id = id;
+    r.sge = {reinterpret_cast<std::uintptr_t>(dst.data()), 64, md->lkey};
+    REQUIRE(p.v->post_recv(p.b, r) == 0);
+  }
+  REQUIRE(p.v->set_qp_error(p.b) == 0);
+  const auto got = p.poll(2);
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].wr_id == 21);
+  CHECK(got[1].wr_id == 22);
+  CHECK(got[0].status == WcStatus::wr_flush_err);
+  p.v->dereg_mr(md);
+}
+
+TEST_CASE("fake verbs: an armed CQ makes its channel readable at the next completion") {
+  Pair p;
+  std::vector<char> src(8, 'c'), dst(8, 0);
+  Mr* ms = reg(*p.v, src.data(), src.size(), kLocalWrite);
+  Mr* md = reg(*p.v, dst.data(), dst.size(), kLocalWrite | kRemoteWrite);
+  pollfd fd{p.v->channel_fd(p.cq), POLLIN, 0};
+  CHECK(::poll(&fd, 1, 0) == 0);  // nothing yet
+  REQUIRE(p.v->req_notify_cq(p.cq) == 0);
+  REQUIRE(p.v->post_send(p.a, write_to(*ms, *md, 8)) == 0);
+  CHECK(::poll(&fd, 1, 10000) == 1);
+  p.v->drain_channel(p.cq);
+  CHECK(::poll(&fd, 1, 0) == 0);
+  CHECK(p.poll(1).size() == 1);
+  p.v->dereg_mr(ms);
+  p.v->dereg_mr(md);
+}
+
+TEST_CASE("registration cache: chorus-owned memory is registered once and forgotten when freed") {
+  chorus::test::FakeFabric fabric;
+  std::string why;
+  auto v = open_fake(fabric.path(), why);
+  REQUIRE_MESSAGE(v, why);
+  RegistrationCache cache(*v);
+  std::uint32_t key = 0;
+  {
+    chorus::detail::OwnedBuffer owned(1 << 20);
+    int err = 0;
+    Registration r1 = cache.get(owned.data() + 100, 1000, err);
+    Registration r2 = cache.get(owned.data() + 5000, 1000, err);
+    REQUIRE(r1);
+    REQUIRE(r2);
+    CHECK(r1.cached());
+    CHECK(r1.lkey() == r2.lkey());  // one registration of the whole range
+    CHECK(cache.bytes() == (1u << 20));
+    key = r1.lkey();
+  }  // the buffer is retired: the cache lets go of it
+  CHECK(cache.bytes() == 0);
+  std::vector<char> user(4096);
+  int err = 0;
+  Registration u1 = cache.get(user.data(), user.size(), err);
+  Registration u2 = cache.get(user.data(), user.size(), err);
+  REQUIRE(u1);
+  CHECK_FALSE(u1.cached());  // a user's buffer: its own registration each time
+  CHECK(u1.lkey() != u2.lkey());
+  CHECK(u1.lkey() != key);
+}
+
+}  // namespace rdma_test_fake_verbs
