@@ -37,4 +37,67 @@ TEST_CASE("matching: a broken link drops each tag's first large message and ever
   CHECK(left == std::vector<std::string>{"a1", "b1", "b2"});
 }
 
+TEST_CASE("matching: each tag keeps arrival order through growth, wrap-around and other tags") {
+  // More entries than the initial capacity, added and taken in an interleaving that wraps the
+  // circular buffers around, with a second tag mixed in: every take returns the oldest of its tag.
+  chorus::detail::TagMatcher<Recv, Arrival> m;
+  int next_a = 0, next_b = 0, taken_a = 0, taken_b = 0;
+  for (int round = 0; round < 50; ++round) {
+    for (int i = 0; i < 7 + round % 5; ++i) {
+      m.add_unexpected(1, {std::to_string(next_a++), false});
+      if (i % 3 == 0) m.add_unexpected(2, {std::to_string(next_b++), false});
+    }
+    for (int i = 0; i < 5 + round % 3 && taken_a < next_a; ++i) {
+      REQUIRE(m.take_unexpected(1, [&](Arrival& a) { CHECK(a.name == std::to_string(taken_a)); }));
+      ++taken_a;
+    }
+    if (round % 2 == 0 && taken_b < next_b) {
+      REQUIRE(m.take_unexpected(2, [&](Arrival& a) { CHECK(a.name == std::to_string(taken_b)); }));
+      ++taken_b;
+    }
+  }
+  while (m.take_unexpected(1, [&](Arrival& a) { CHECK(a.name == std::to_string(taken_a)); })) ++taken_a;
+  while (m.take_unexpected(2, [&](Arrival& a) { CHECK(a.name == std::to_string(taken_b)); })) ++taken_b;
+  CHECK(taken_a == next_a);
+  CHECK(taken_b == next_b);
+  CHECK_FALSE(m.take_unexpected(3, [](Arrival&) {}));
+}
+
+TEST_CASE("matching: posted receives match oldest first per tag and drain in posting order") {
+  chorus::detail::TagMatcher<Recv, Arrival> m;
+  for (int i = 0; i < 20; ++i) m.add_posted(i % 2 == 0 ? 5 : 6, Recv{i, 0});
+  // Tag 6 first: its entries sit behind tag 5's, so taking them is not the front-only case.
+  for (int i = 1; i < 20; i += 2) {
+    auto r = m.take_posted(6);
+    REQUIRE(r.has_value());
+    CHECK(r->id == i);
+    CHECK(r->tag == 6);
+  }
+  CHECK_FALSE(m.take_posted(6).has_value());
+  for (int i = 21; i < 40; i += 2) m.add_posted(6, Recv{i, 0});
+  auto r = m.take_posted(5);
+  REQUIRE(r.has_value());
+  CHECK(r->id == 0);
+  std::vector<int> drained;
+  m.drain_posted([&](Recv& x) { drained.push_back(x.id); });
+  std::vector<int> want;
+  for (int i = 2; i < 20; i += 2) want.push_back(i);
+  for (int i = 21; i < 40; i += 2) want.push_back(i);
+  CHECK(drained == want);
+  CHECK_FALSE(m.take_posted(5).has_value());
+}
+
+TEST_CASE("matching: remove_unexpected_if keeps the others in order") {
+  chorus::detail::TagMatcher<Recv, Arrival> m;
+  for (int i = 0; i < 30; ++i) m.add_unexpected(1, {std::to_string(i), i % 3 == 0});
+  m.remove_unexpected_if([](Arrival& a) { return a.large; });
+  std::vector<std::string> left;
+  while (m.take_unexpected(1, [&](Arrival& a) { left.push_back(a.name); })) {
+  }
+  std::vector<std::string> want;
+  for (int i = 0; i < 30; ++i)
+    if (i % 3 != 0) want.push_back(std::to_string(i));
+  CHECK(left == want);
+}
+
 }  // namespace unit_test_matching

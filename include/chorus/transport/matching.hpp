@@ -101,19 +101,28 @@ inline std::string size_mismatch(std::uint64_t sent, std::size_t posted) {
          std::to_string(posted) + " bytes (sizes must match)";
 }
 
-/// Both lists are vectors in arrival (posting) order, searched from the front: a link rarely
-/// holds more than a few entries, and a vector keeps its capacity, so matching allocates nothing
-/// in steady state (a map of per-tag queues made and freed a node and a queue per message).
+/// Appends to a circular buffer, doubling it when full: a queue that never shrinks, so a link's
+/// queues allocate nothing in steady state.
+template <class T>
+void push_back_growing(boost::circular_buffer<T>& q, T v) {
+  if (q.full()) q.set_capacity(std::max<std::size_t>(16, 2 * q.capacity()));
+  q.push_back(std::move(v));
+}
+
+/// Both lists are circular buffers in arrival (posting) order, searched from the front, that grow
+/// by doubling and never shrink: matching allocates nothing in steady state (a map of per-tag
+/// queues made and freed a node and a queue per message). An entry is taken out with rerase, which
+/// moves the entries ahead of it, not those behind: the match is nearly always the front, so a
+/// link that holds many messages of one tag (a sender thousands of messages ahead of its receiver)
+/// takes each in constant time, where erasing from a vector moved every later entry (quadratic in
+/// the backlog).
 template <class Recv, class Arrival>
 class TagMatcher {
  public:
   /// Room for as many entries as a link usually holds, so that a new peak of them does not
   /// allocate mid-run.
   static constexpr std::size_t kReserve = 16;
-  TagMatcher() {
-    posted_.reserve(kReserve);
-    unexpected_.reserve(kReserve);
-  }
+  TagMatcher() : posted_(kReserve), unexpected_(kReserve) {}
 
   /// A message arrived: the oldest receive posted for its tag, or nullopt (then keep it with
   /// add_unexpected).
@@ -121,7 +130,7 @@ class TagMatcher {
     for (auto it = posted_.begin(); it != posted_.end(); ++it) {
       if (it->tag != tag) continue;
       std::optional<Recv> r(std::move(*it));
-      posted_.erase(it);
+      posted_.rerase(it);
       return r;
     }
     return std::nullopt;
@@ -134,7 +143,7 @@ class TagMatcher {
     for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
       if (it->tag != tag) continue;
       f(it->arrival);
-      unexpected_.erase(it);
+      unexpected_.rerase(it);
       return true;
     }
     return false;
@@ -142,9 +151,9 @@ class TagMatcher {
 
   void add_posted(Tag tag, Recv r) {
     r.tag = tag;
-    posted_.push_back(std::move(r));
+    push_back_growing(posted_, std::move(r));
   }
-  void add_unexpected(Tag tag, Arrival a) { unexpected_.push_back({tag, std::move(a)}); }
+  void add_unexpected(Tag tag, Arrival a) { push_back_growing(unexpected_, Unexpected{tag, std::move(a)}); }
 
   /// Removes and returns every posted receive (to fail them when the link breaks).
   template <class F>
@@ -155,7 +164,7 @@ class TagMatcher {
   /// Removes the unexpected messages for which `pred` returns true, keeping the others in order.
   template <class Pred>
   void remove_unexpected_if(Pred&& pred) {
-    std::erase_if(unexpected_, [&](Unexpected& u) { return pred(u.arrival); });
+    remove_unexpected_entries([&](Unexpected& u) { return pred(u.arrival); });
   }
   /// Removes, per tag, the first unexpected message for which `pred` returns true and every later
   /// one of that tag (a link that breaks drops the large messages it can no longer fetch; the
@@ -163,7 +172,7 @@ class TagMatcher {
   template <class Pred>
   void remove_unexpected_from(Pred&& pred) {
     std::vector<Tag> cut;
-    std::erase_if(unexpected_, [&](Unexpected& u) {
+    remove_unexpected_entries([&](Unexpected& u) {
       if (std::find(cut.begin(), cut.end(), u.tag) != cut.end()) return true;
       if (!pred(u.arrival)) return false;
       cut.push_back(u.tag);
@@ -176,17 +185,13 @@ class TagMatcher {
     Tag tag;
     Arrival arrival;
   };
-  std::vector<Recv> posted_;
-  std::vector<Unexpected> unexpected_;
+  template <class Pred>
+  void remove_unexpected_entries(Pred&& pred) {
+    unexpected_.erase(std::remove_if(unexpected_.begin(), unexpected_.end(), pred), unexpected_.end());
+  }
+  boost::circular_buffer<Recv> posted_;
+  boost::circular_buffer<Unexpected> unexpected_;
 };
-
-/// Appends to a circular buffer, doubling it when full: a queue that never shrinks, so a link's
-/// queues allocate nothing in steady state.
-template <class T>
-void push_back_growing(boost::circular_buffer<T>& q, T v) {
-  if (q.full()) q.set_capacity(std::max<std::size_t>(16, 2 * q.capacity()));
-  q.push_back(std::move(v));
-}
 
 /// The buffers of unexpected eager messages, kept once their message was received for the next
 /// one (at most kMax per link, none larger than kMaxBytes), so that messages arriving before
