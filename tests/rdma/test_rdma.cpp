@@ -135,6 +135,44 @@ TEST_CASE("rdma: large messages that arrive before their receives are matched in
       fabric.options(120s, 30s));
 }
 
+TEST_CASE("rdma: thousands of large messages outstanding, received in another order than sent") {
+  // More large sends outstanding than the fake fabric has registrations (4096 for both ranks),
+  // all announced before the first receive is posted: each side registers at most
+  // Policy::kMaxRegistered per link at a time, the others wait their turn. The receiver takes the
+  // tags in reverse, so sends cleared late must take the registrations of sends announced early
+  // (whose receives are not posted yet).
+  FakeFabric fabric;
+  constexpr std::size_t kCount = 4200;
+  constexpr int kTags = 3;
+  chorus::test::run_processes(
+      2,
+      [&](int rank, chorus::Options o) {
+        Comm comm = Comm::create(o);
+        std::vector<std::vector<std::uint8_t>> bufs;
+        std::vector<chorus::Request> reqs;
+        for (std::size_t m = 0; m < kCount; ++m) {
+          bufs.emplace_back(8153 + m % 5);
+          if (rank == 0)
+            for (std::size_t i = 0; i < bufs[m].size(); ++i) bufs[m][i] = byte_of(0, m, i);
+        }
+        std::uint8_t go = 1;
+        if (rank == 0) {
+          for (std::size_t m = 0; m < kCount; ++m)
+            reqs.push_back(comm.isend(std::span<const std::uint8_t>(bufs[m]), 1, static_cast<int>(m % kTags)));
+          comm.send(std::span<const std::uint8_t>(&go, 1), 1, 99);
+        } else {
+          comm.recv(std::span<std::uint8_t>(&go, 1), 0, 99);  // every rts is here before a receive is
+          for (int tag = kTags - 1; tag >= 0; --tag)
+            for (std::size_t m = static_cast<std::size_t>(tag); m < kCount; m += kTags)
+              reqs.push_back(comm.irecv(std::span<std::uint8_t>(bufs[m]), 0, tag));
+        }
+        for (auto& r : reqs) r.wait();
+        if (rank == 1)
+          for (std::size_t m = 0; m < kCount; ++m) check_message(bufs[m], 0, m, "large message " + std::to_string(m));
+      },
+      fabric.options(120s, 30s));
+}
+
 TEST_CASE("rdma: a receive of another size fails with mismatch (eager: the receive; large: both sides)") {
   FakeFabric fabric;
   chorus::test::run_processes(

@@ -24,7 +24,11 @@
 /// the receive's match; from the cache when it is memory chorus owns (the executors' scratch),
 /// else for that message alone, deregistered when it completes or fails: no cached key can name
 /// memory that was freed and reused. The transport's own slots and credit blocks are registered
-/// once (transport.hpp).
+/// once (transport.hpp). At most Policy::kMaxRegistered messages per direction hold one at a
+/// time: a matched receive past the cap waits for an earlier one to complete before its cts goes;
+/// a send past the cap announces itself unregistered and registers once cleared, taking the
+/// registration of a send whose writes have not started if need be. So a registration waits only
+/// for writes already under way, never for a receive the program has yet to post.
 ///
 /// Threading: every member is guarded by the transport's mutex (Hub::mu), taken by isend/irecv on
 /// the caller's thread and by whichever thread drives the engine (transport/progress.hpp).
@@ -67,6 +71,10 @@ struct Policy {
   /// The size of one RDMA write of a large message.
   static constexpr std::size_t kChunkBytes = std::size_t(1) << 20;
   static constexpr std::uint64_t kMaxMessageBytes = std::uint64_t(1) << 40;
+  /// Large messages per link and direction that hold a registration at once: a program with
+  /// thousands of large sends or receives outstanding registers this many, the others wait their
+  /// turn, instead of running the device (or the locked-memory limit) out of registrations.
+  static constexpr std::uint32_t kMaxRegistered = 32;
 };
 
 namespace detail {
@@ -190,14 +198,17 @@ class Link {
       done.fail(req, ErrorCode::invalid_argument, "message of " + std::to_string(data.size) + " bytes is too large");
     } else {
       int err = 0;
-      Registration mr = regs_.get(const_cast<std::byte*>(data.data), data.size, err);
-      if (!mr) {
+      Registration mr;
+      // Registered now, so that registering overlaps the rts and cts, while under the cap;
+      // else once the cts came (pump).
+      if (send_regs_ < Policy::kMaxRegistered && !(mr = regs_.get(const_cast<std::byte*>(data.data), data.size, err))) {
         // The message cannot go, and later ones on its tag must not overtake it: the link fails.
         done.fail(req, ErrorCode::system, registration_error(data.size, err));
         fail(ErrorCode::system, registration_error(data.size, err), true, done);
       } else {
+        if (mr) ++send_regs_;
         const std::uint32_t id = next_id_++;
-        sends_.emplace(id, PendingSend{data, req, std::move(mr), 0, 0});
+        sends_.emplace(id, PendingSend{data, req, std::move(mr), 0, 0, false});
         detail::Header h{static_cast<std::uint32_t>(detail::MsgType::rts), 0, tag, data.size, id, 0, 0};
         queue_.push_back(Out{Out::message, h, {}, nullptr, 0, 0});
         pump(done);
@@ -278,6 +289,7 @@ class Link {
         auto it = sends_.find(static_cast<std::uint32_t>(low));
         if (it == sends_.end()) return protocol_error("completion of unknown message " + std::to_string(low), done);
         done.complete(it->second.req, it->second.data.size);
+        release_send(it->second);
         sends_.erase(it);
         break;
       }
@@ -330,8 +342,12 @@ class Link {
     matcher_.remove_unexpected_from([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
     for (auto& [id, r] : recvs_) done.fail(r.recv.req, code, fail_why_);
     recvs_.clear();  // deregisters: nothing is written to these buffers any more
+    for (auto& d : deferred_) done.fail(d.recv.req, code, fail_why_);
+    deferred_.clear();
+    recv_regs_ = 0;
     for (auto& [id, s] : sends_) done.fail(s.req, code, fail_why_);
     sends_.clear();
+    send_regs_ = 0;
     for (auto& o : queue_)
       if (o.req) done.fail(o.req, code, fail_why_);
     queue_.clear();
@@ -360,10 +376,16 @@ class Link {
     Registration mr;
     std::uint64_t remote_addr = 0;  ///< from the cts
     std::uint32_t rkey = 0;
+    bool writing = false;  ///< its first write was posted: its registration frees by itself
   };
   struct ActiveRecv {
     detail::RecvOp recv;
     Registration mr;
+  };
+  /// A receive matched to an rts while kMaxRegistered receives held registrations.
+  struct DeferredRecv {
+    detail::RecvOp recv;
+    std::uint32_t id;
   };
   /// Work waiting for credits or send-queue room, in order.
   struct Out {
@@ -406,6 +428,10 @@ class Link {
         s = &it->second;
       }
       if (!room(!s || o.offset + Policy::kChunkBytes >= s->data.size)) break;  // a message, or the last write
+      if (s && !s->mr && !register_send(*s, done)) {
+        if (failed_) return true;
+        break;  // every registration is on writes under way: wait for one to complete
+      }
       const int e = s ? post_write(o, *s) : post_message(o, done);
       if (e < 0) break;  // no send slot free: wait for a completion
       if (e > 0) {
@@ -421,6 +447,32 @@ class Link {
       moved = true;
     }
     return moved;
+  }
+
+  /// Registers a cleared send that holds no registration, taking one from a send whose writes have
+  /// not started when kMaxRegistered are held. False when every one is on writes under way, or
+  /// the device refused (the link failed).
+  bool register_send(PendingSend& s, Completions& done) {
+    if (send_regs_ >= Policy::kMaxRegistered)
+      for (auto& [id, other] : sends_)
+        if (other.mr && !other.writing) {
+          release_send(other);
+          break;
+        }
+    if (send_regs_ >= Policy::kMaxRegistered) return false;
+    int err = 0;
+    s.mr = regs_.get(const_cast<std::byte*>(s.data.data), s.data.size, err);
+    if (!s.mr) {
+      fail(ErrorCode::system, registration_error(s.data.size, err), true, done);
+      return false;
+    }
+    ++send_regs_;
+    return true;
+  }
+  void release_send(PendingSend& s) {
+    if (!s.mr) return;
+    s.mr = Registration();
+    --send_regs_;
   }
 
   /// Room on the send queue (one entry kept for a credit write), and a credit where the work
@@ -480,6 +532,7 @@ class Link {
     ++sq_used_;
     if (last) ++used_;
     o.offset += len;
+    s.writing = true;
     return 0;
   }
 
@@ -516,6 +569,12 @@ class Link {
       if (it == recvs_.end()) return protocol_error("data for unknown message " + std::to_string(wc.imm), done);
       done.complete(it->second.recv.req, it->second.recv.dst.size);
       recvs_.erase(it);  // deregisters
+      --recv_regs_;
+      while (!deferred_.empty() && recv_regs_ < Policy::kMaxRegistered && !failed_) {
+        DeferredRecv d = std::move(deferred_.front());
+        deferred_.pop_front();
+        register_recv(std::move(d.recv), d.id, done);
+      }
     } else {
       detail::Header h;
       if (wc.byte_len < sizeof h) return protocol_error("short message (" + std::to_string(wc.byte_len) + " bytes)", done);
@@ -567,6 +626,7 @@ class Link {
         }
         if (h.flags & detail::kReject) {
           done.fail(it->second.req, ErrorCode::mismatch, chorus::detail::size_mismatch(it->second.data.size, h.size));
+          release_send(it->second);
           sends_.erase(it);
           return true;
         }
@@ -605,24 +665,31 @@ class Link {
   /// A large message met its receive: register the buffer and clear the sender to write it, or
   /// reject a size mismatch on both sides.
   void accept_rts(detail::RecvOp r, std::uint64_t size, std::uint32_t id, Completions& done) {
-    detail::Header h{static_cast<std::uint32_t>(detail::MsgType::cts), 0, 0, r.dst.size, id, 0, 0};
     if (size != r.dst.size) {
-      h.flags = detail::kReject;
+      detail::Header h{static_cast<std::uint32_t>(detail::MsgType::cts), detail::kReject, 0, r.dst.size, id, 0, 0};
       done.fail(r.req, ErrorCode::mismatch, chorus::detail::size_mismatch(size, r.dst.size));
+      queue_.push_back(Out{Out::message, h, {}, nullptr, 0, 0});
+    } else if (recv_regs_ >= Policy::kMaxRegistered) {
+      deferred_.push_back(DeferredRecv{std::move(r), id});  // its cts goes when an earlier receive completes
     } else {
-      int err = 0;
-      Registration mr = regs_.get(r.dst.data, r.dst.size, err);
-      if (!mr) {
-        done.fail(r.req, ErrorCode::system, registration_error(r.dst.size, err));
-        // The sender waits for an answer: tell it, and everything else on this link, to stop.
-        return fail(ErrorCode::peer_failure, "rank " + std::to_string(rank_) + " could not register a receive buffer", true,
-                    done);
-      }
-      h.addr = reinterpret_cast<std::uintptr_t>(r.dst.data);
-      h.rkey = mr.rkey();
-      if (!recvs_.emplace(id, ActiveRecv{std::move(r), std::move(mr)}).second)
-        return protocol_error("duplicate message id " + std::to_string(id), done);
+      register_recv(std::move(r), id, done);
     }
+  }
+  /// Registers a matched receive's buffer and answers its cts with the address and rkey.
+  void register_recv(detail::RecvOp r, std::uint32_t id, Completions& done) {
+    int err = 0;
+    Registration mr = regs_.get(r.dst.data, r.dst.size, err);
+    if (!mr) {
+      done.fail(r.req, ErrorCode::system, registration_error(r.dst.size, err));
+      // The sender waits for an answer: tell it, and everything else on this link, to stop.
+      return fail(ErrorCode::peer_failure, "rank " + std::to_string(rank_) + " could not register a receive buffer", true,
+                  done);
+    }
+    detail::Header h{static_cast<std::uint32_t>(detail::MsgType::cts), 0, 0, r.dst.size, id, mr.rkey(),
+                     reinterpret_cast<std::uintptr_t>(r.dst.data)};
+    if (!recvs_.emplace(id, ActiveRecv{std::move(r), std::move(mr)}).second)
+      return protocol_error("duplicate message id " + std::to_string(id), done);
+    ++recv_regs_;
     queue_.push_back(Out{Out::message, h, {}, nullptr, 0, 0});
   }
 
@@ -649,6 +716,9 @@ class Link {
   chorus::detail::SpareBuffers spare_;
   chorus::detail::IdMap<PendingSend> sends_;
   chorus::detail::IdMap<ActiveRecv> recvs_;
+  std::deque<DeferredRecv> deferred_;
+  std::uint32_t send_regs_ = 0;  ///< sends holding a registration
+  std::uint32_t recv_regs_ = 0;  ///< receives holding one (recvs_)
   std::deque<Out> queue_;
   std::vector<std::uint32_t> free_send_slots_;
   std::uint32_t next_id_ = 1;
