@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -116,6 +117,29 @@ class CudaRuntime final : public Runtime {
   void free_pinned(void* p) override {
     if (p != nullptr) detail::cuda_check(cudaFreeHost(p), "cudaFreeHost");
   }
+
+  bool can_access_peer(int device, int peer_device) override {
+    if (device == peer_device) return true;
+    int ok = 0;
+    detail::cuda_check(cudaDeviceCanAccessPeer(&ok, device, peer_device), "cudaDeviceCanAccessPeer");
+    return ok != 0;
+  }
+  IpcHandle ipc_export(void* base) override {
+    static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(IpcHandle::bytes));
+    cudaIpcMemHandle_t h;
+    detail::cuda_check(cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle");
+    IpcHandle out;
+    std::memcpy(out.bytes.data(), &h, sizeof h);
+    return out;
+  }
+  void* ipc_open(const IpcHandle& h) override {
+    cudaIpcMemHandle_t c;
+    std::memcpy(&c, h.bytes.data(), sizeof c);
+    void* p = nullptr;
+    detail::cuda_check(cudaIpcOpenMemHandle(&p, c, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    return p;
+  }
+  void ipc_close(void* p) override { detail::cuda_check(cudaIpcCloseMemHandle(p), "cudaIpcCloseMemHandle"); }
 
   Stream create_stream() override {
     cudaStream_t s = nullptr;

@@ -6,8 +6,9 @@
 /// * `device::SimRuntime` (device/sim_runtime.hpp): a host implementation for machines without a
 ///   GPU, used by the test suite: "device" memory comes from an arena of its own, streams are
 ///   ordered queues run by one host thread each, events mark queue positions, and kernel launches
-///   run the kernel bodies of reduce/cuda under the grid emulator (device/grid_emulator.hpp). It
-///   does not model copy engines running beside kernels, peer access, or device faults.
+///   run the kernel bodies of reduce/cuda under the grid emulator (device/grid_emulator.hpp); IPC
+///   handles are memfds shared between real processes. It does not model copy engines running
+///   beside kernels, several devices, or device faults.
 ///
 /// Streams and events are opaque handles with the CUDA runtime's own types (`cudaStream_t` is
 /// `CUstream_st*`), so a user's stream passes through unchanged; SimRuntime hands out pointers to
@@ -19,6 +20,7 @@
 /// e.g. "cudaMemcpyAsync: cudaErrorInvalidValue (1)"). An error inside a stream's work (a fault, a
 /// kernel that could not run) surfaces at the next query, synchronize or launch, as in CUDA.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -48,6 +50,13 @@ enum class CudaError : int {
 /// cudaErrorStubLibrary (34, a CUDA stub library with no driver behind it).
 constexpr bool means_no_gpu(int cuda_error) noexcept { return cuda_error == 35 || cuda_error == 34 || cuda_error == 100; }
 
+/// A device allocation exported to other processes of the host (cudaIpcMemHandle_t: 64 opaque
+/// bytes, sent as they are; only the runtime that made it reads them).
+struct IpcHandle {
+  std::array<std::byte, 64> bytes{};
+  friend bool operator==(const IpcHandle&, const IpcHandle&) = default;
+};
+
 class Runtime {
  public:
   virtual ~Runtime() = default;
@@ -72,6 +81,20 @@ class Runtime {
   /// cudaHostAllocPortable | cudaHostAllocMapped): staging buffers and flags live here.
   virtual void* alloc_pinned(std::size_t bytes) = 0;
   virtual void free_pinned(void* p) = 0;
+
+  // --- memory of other processes (CUDA IPC) -------------------------------------------------
+  /// Whether `device` can map and access `peer_device`'s memory (cudaDeviceCanAccessPeer; a device
+  /// and itself: true).
+  virtual bool can_access_peer(int device, int peer_device) = 0;
+  /// The handle of the device allocation that starts at `base` (cudaIpcGetMemHandle), for another
+  /// process of this host to open. The same allocation gives the same handle.
+  virtual IpcHandle ipc_export(void* base) = 0;
+  /// Maps another process's exported allocation into this one (cudaIpcOpenMemHandle with
+  /// cudaIpcMemLazyEnablePeerAccess) and returns its device address here; a handle of this
+  /// process's own runtime, of an allocation since freed or of a process that exited throws.
+  virtual void* ipc_open(const IpcHandle& h) = 0;
+  /// Unmaps what ipc_open mapped (cudaIpcCloseMemHandle); waits for the work enqueued before it.
+  virtual void ipc_close(void* p) = 0;
 
   // --- streams and events --------------------------------------------------------------------
   virtual Stream create_stream() = 0;  ///< cudaStreamCreateWithFlags(cudaStreamNonBlocking)

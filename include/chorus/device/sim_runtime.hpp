@@ -18,6 +18,15 @@
 ///   per allocation, a guard page after each). Addresses are handed out next-fit, so a freed
 ///   range is reused only after the arena has wrapped around: a stale pointer stays detectably
 ///   dead for long. kind_of says device exactly for pointers inside live device allocations.
+/// * IPC (ipc_export / ipc_open): exporting moves the allocation's pages into a memfd, mapped
+///   shared at the same address (the contents are copied once); the handle names the process, the
+///   descriptor and the memfd's unique name. ipc_open in another process (or another SimRuntime of
+///   the same process, which stands for one) opens /proc/<pid>/fd/<fd>, checks the name, and maps
+///   it into its own arena, where it is device memory like its own allocations: the kernels of
+///   either process read and write the same pages, as CUDA IPC mappings do. A handle of the opening
+///   runtime itself, of a freed allocation or of an exited process fails with
+///   cudaErrorInvalidValue; a mapping outlives the exporter's free or exit (the memfd stays until
+///   the last mapping goes), where on a GPU that is undefined.
 /// * Pinned memory: page-aligned host memory, tracked, so that wait_flag on memory that is not
 ///   pinned, or a copy that runs past the end of a pinned buffer, is detected.
 /// * Streams: an ordered queue each, run by one worker thread per stream; the null stream is a
@@ -137,6 +146,11 @@ class SimRuntime final : public Runtime {
   void* alloc_pinned(std::size_t bytes) override;
   void free_pinned(void* p) override;
 
+  bool can_access_peer(int device, int peer_device) override;
+  IpcHandle ipc_export(void* base) override;
+  void* ipc_open(const IpcHandle& h) override;
+  void ipc_close(void* p) override;
+
   Stream create_stream() override;
   void destroy_stream(Stream s) override;
   Event create_event(bool timing = false) override;
@@ -209,6 +223,9 @@ class SimRuntime final : public Runtime {
   struct Allocation {
     std::size_t bytes;  ///< as asked
     std::size_t span;   ///< arena bytes taken, guard page included
+    int fd = -1;        ///< the memfd behind it once exported, or opened from another runtime
+    bool imported = false;  ///< opened by ipc_open (freed by ipc_close only)
+    std::uint64_t serial = 0;  ///< exported: its number in the handle and the memfd's name
   };
   struct Injection {
     int remaining;
@@ -238,6 +255,8 @@ class SimRuntime final : public Runtime {
   /// must not be null nor run past a pinned buffer it starts in.
   std::string check_any_range(const void* p, std::size_t bytes, std::string_view what) const;
   std::size_t arena_take(std::size_t span);
+  /// Puts the reservation's inaccessible anonymous mapping back over [off, off + bytes).
+  void arena_unmap(std::size_t off, std::size_t bytes);
   void arena_give(std::size_t offset, std::size_t span);
   void apply_env();
 
@@ -253,6 +272,8 @@ class SimRuntime final : public Runtime {
   std::size_t rover_ = 0;                           ///< next-fit starts here
   std::map<std::uintptr_t, Allocation> device_;
   std::map<std::uintptr_t, std::size_t> pinned_;  ///< start -> bytes as asked
+  std::uint64_t nonce_ = 0;        ///< random: names this runtime's memfds, tells its handles apart
+  std::uint64_t next_serial_ = 1;  ///< of exported allocations
 
   std::shared_ptr<StreamState> default_stream_;
   std::map<const StreamState*, std::shared_ptr<StreamState>> streams_;
