@@ -47,6 +47,11 @@ for round in 1 2 3; do
   perftest ib_write_bw $((18600 + 10 * round)) --report_gbits -s 1048576 -n 200
   section "ib_write_bw 16777216 round $round"
   perftest ib_write_bw $((18601 + 10 * round)) --report_gbits -s 16777216 -n 20
+  # Both directions at once, as sendrecv_perf moves them (perftest reports the sum of the two).
+  section "ib_write_bw bidir 1048576 round $round"
+  perftest ib_write_bw $((18604 + 10 * round)) -b --report_gbits -s 1048576 -n 100
+  section "ib_write_bw bidir 16777216 round $round"
+  perftest ib_write_bw $((18605 + 10 * round)) -b --report_gbits -s 16777216 -n 10
   section "pingpong rdma round $round"
   run "$B/bench/p2p/tcp_pingpong" --transport rdma --sizes 8 --bw-sizes 1M --iters 1000 --repeats 1
   section "sendrecv_perf rdma 2 blocking 8 round $round"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads the log of a Soft-RoCE guest run (scripts/rdma-guest with scripts/rdma-guest.d/chorus.sh)
 and prints chorus over rdma beside perftest on the same device in the same boot: sendrecv_perf's
-bandwidth at 1 MiB and 16 MiB against ib_write_bw, and 8-byte latency against ib_write_lat and
+bandwidth at 1 MiB and 16 MiB against ib_write_bw (one way, and both ways at once with -b, per
+direction), tcp_pingpong's one-way stream against ib_write_bw, and 8-byte latency against ib_write_lat and
 ib_send_lat (tcp_pingpong's ping-pong, the same pattern, and sendrecv_perf's blocking exchange), as
 ratios (absolute figures under TCG emulation mean little). Bandwidths come from
 the times (nccl-tests' GB/s columns have two decimals, too few at tens of MB/s).
@@ -57,6 +58,15 @@ def pingpong_us(lines, size):
     return None
 
 
+def stream_mbs(lines, size):
+    """tcp_pingpong's bandwidth table: the median (GB/s) of the row for `size` ("1 MiB"), in MB/s."""
+    for line in lines:
+        f = line.split()
+        if len(f) >= 5 and " ".join(f[:2]) == size:
+            return float(f[3]) * 1e3
+    return None
+
+
 def lat_us(lines, size):
     """ib_*_lat: (t_typical, t_avg) in us of the row for `size`."""
     rows = numeric_rows(lines, size)
@@ -96,6 +106,19 @@ def main():
         if o_med and ib_med:
             print(f"  {label:>6} bandwidth: sendrecv_perf {o_med:6.1f} MB/s ({fmt(ours)}), ib_write_bw {ib_med:6.1f} MB/s"
                   f" ({fmt(ib)}): {o_med / ib_med:6.1%}")
+        # ib_write_bw -b reports both directions summed: half is one direction's, what
+        # sendrecv_perf's algbw counts while both ranks send.
+        bi, _ = per_round(f"ib_write_bw bidir {size}", write_bw_mbs, size)
+        bi = [b / 2 if b else None for b in bi]
+        bi_med = median(bi)
+        if o_med and bi_med:
+            print(f"  {label:>6} both ways at once, per direction: sendrecv_perf {o_med:6.1f} MB/s, ib_write_bw -b"
+                  f" {bi_med:6.1f} MB/s ({fmt(bi)}): {o_med / bi_med:6.1%}")
+    one, one_med = per_round("pingpong rdma", stream_mbs, "1 MiB")
+    ib1 = median(per_round(f"ib_write_bw {1 << 20}", write_bw_mbs, 1 << 20)[0])
+    if one_med and ib1:
+        print(f"   1 MiB one way: tcp_pingpong stream {one_med:6.1f} MB/s ({fmt(one)}), ib_write_bw {ib1:6.1f} MB/s:"
+              f" {one_med / ib1:6.1%}")
     pp, pp_med = per_round("pingpong rdma", pingpong_us, "8 B")
     ex, ex_med = per_round("sendrecv_perf rdma 2 blocking 8", perf_time_us, 8)
     for tool in ("ib_write_lat", "ib_send_lat"):
