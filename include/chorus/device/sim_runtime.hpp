@@ -255,8 +255,10 @@ class SimRuntime final : public Runtime {
   /// must not be null nor run past a pinned buffer it starts in.
   std::string check_any_range(const void* p, std::size_t bytes, std::string_view what) const;
   std::size_t arena_take(std::size_t span);
-  /// Puts the reservation's inaccessible anonymous mapping back over [off, off + bytes).
-  void arena_unmap(std::size_t off, std::size_t bytes);
+  /// Returns an allocation's arena range (span bytes, the guard page included) once it is out of
+  /// device_, without mu_ held: its pages go (a memfd's mapping is replaced and `fd` closed), then
+  /// the range is free again.
+  void release_range(std::size_t off, std::size_t span, int fd);
   void arena_give(std::size_t offset, std::size_t span);
   void apply_env();
 

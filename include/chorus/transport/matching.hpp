@@ -262,6 +262,7 @@ class IdMap {
   }
   iterator begin() { return items_.begin(); }
   iterator end() { return items_.end(); }
+  std::size_t size() const { return items_.size(); }
   void clear() { items_.clear(); }
 
  private:

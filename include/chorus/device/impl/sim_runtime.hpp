@@ -277,7 +277,7 @@ inline void SimRuntime::drain(std::unique_lock<std::mutex>& lk) {
 
 inline void SimRuntime::free_device(void* p) {
   if (p == nullptr) return;
-  std::size_t off = 0, span = 0, used = 0;
+  std::size_t off = 0, span = 0;
   int fd = -1;
   {
     std::unique_lock lk(mu_);
@@ -294,15 +294,21 @@ inline void SimRuntime::free_device(void* p) {
                                detail::hex(p) + " was mapped by ipc_open: unmap it with ipc_close");
     off = static_cast<std::size_t>(static_cast<std::byte*>(p) - arena_);
     span = it->second.span;
-    used = span - page_;
     fd = it->second.fd;
     device_.erase(it);
   }
+  release_range(off, span, fd);
+}
+
+inline void SimRuntime::release_range(std::size_t off, std::size_t span, int fd) {
+  const std::size_t used = span - page_;
   {
-    // No operation that passed its check on this allocation is still running.
+    // No operation that passed its check on this range is still running.
     std::unique_lock wr(memory_rw_);
     if (fd >= 0) {
-      arena_unmap(off, used);  // exported: the memfd's pages stay while another process maps them
+      // A memfd's mapping (exported or opened): the reservation's inaccessible anonymous mapping
+      // goes back over it; the memfd's pages stay while another process maps them.
+      ::mmap(arena_ + off, used, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     } else {
       ::madvise(arena_ + off, used, MADV_DONTNEED);
       ::mprotect(arena_ + off, used, PROT_NONE);
@@ -311,10 +317,6 @@ inline void SimRuntime::free_device(void* p) {
   if (fd >= 0) ::close(fd);
   std::lock_guard lk(mu_);
   arena_give(off, span);
-}
-
-inline void SimRuntime::arena_unmap(std::size_t off, std::size_t bytes) {
-  ::mmap(arena_ + off, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
 // --- memory of other processes -------------------------------------------------------------------
@@ -439,13 +441,7 @@ inline void SimRuntime::ipc_close(void* p) {
     fd = it->second.fd;
     device_.erase(it);
   }
-  {
-    std::unique_lock wr(memory_rw_);
-    arena_unmap(off, span - page_);
-  }
-  ::close(fd);
-  std::lock_guard lk(mu_);
-  arena_give(off, span);
+  release_range(off, span, fd);
 }
 
 inline void* SimRuntime::alloc_pinned(std::size_t bytes) {

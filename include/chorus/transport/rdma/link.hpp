@@ -344,7 +344,6 @@ class Link {
     recvs_.clear();  // deregisters: nothing is written to these buffers any more
     for (auto& d : deferred_) done.fail(d.recv.req, code, fail_why_);
     deferred_.clear();
-    recv_regs_ = 0;
     for (auto& [id, s] : sends_) done.fail(s.req, code, fail_why_);
     sends_.clear();
     send_regs_ = 0;
@@ -569,8 +568,7 @@ class Link {
       if (it == recvs_.end()) return protocol_error("data for unknown message " + std::to_string(wc.imm), done);
       done.complete(it->second.recv.req, it->second.recv.dst.size);
       recvs_.erase(it);  // deregisters
-      --recv_regs_;
-      while (!deferred_.empty() && recv_regs_ < Policy::kMaxRegistered && !failed_) {
+      while (!deferred_.empty() && recvs_.size() < Policy::kMaxRegistered && !failed_) {
         DeferredRecv d = std::move(deferred_.front());
         deferred_.pop_front();
         register_recv(std::move(d.recv), d.id, done);
@@ -669,7 +667,7 @@ class Link {
       detail::Header h{static_cast<std::uint32_t>(detail::MsgType::cts), detail::kReject, 0, r.dst.size, id, 0, 0};
       done.fail(r.req, ErrorCode::mismatch, chorus::detail::size_mismatch(size, r.dst.size));
       queue_.push_back(Out{Out::message, h, {}, nullptr, 0, 0});
-    } else if (recv_regs_ >= Policy::kMaxRegistered) {
+    } else if (recvs_.size() >= Policy::kMaxRegistered) {
       deferred_.push_back(DeferredRecv{std::move(r), id});  // its cts goes when an earlier receive completes
     } else {
       register_recv(std::move(r), id, done);
@@ -689,7 +687,6 @@ class Link {
                      reinterpret_cast<std::uintptr_t>(r.dst.data)};
     if (!recvs_.emplace(id, ActiveRecv{std::move(r), std::move(mr)}).second)
       return protocol_error("duplicate message id " + std::to_string(id), done);
-    ++recv_regs_;
     queue_.push_back(Out{Out::message, h, {}, nullptr, 0, 0});
   }
 
@@ -717,8 +714,7 @@ class Link {
   chorus::detail::IdMap<PendingSend> sends_;
   chorus::detail::IdMap<ActiveRecv> recvs_;
   std::deque<DeferredRecv> deferred_;
-  std::uint32_t send_regs_ = 0;  ///< sends holding a registration
-  std::uint32_t recv_regs_ = 0;  ///< receives holding one (recvs_)
+  std::uint32_t send_regs_ = 0;  ///< sends holding a registration (every receive in recvs_ holds one)
   std::deque<Out> queue_;
   std::vector<std::uint32_t> free_send_slots_;
   std::uint32_t next_id_ = 1;
