@@ -20,7 +20,7 @@ namespace unit_test_kernels {
 // the host loops of reduce/host.hpp (tested on their own in test_reduce.cpp), bit for bit: every
 // dtype and valid op, awkward counts, operands at different misalignments (packed path, scalar
 // path, and the tail after the packs), in place, and special float values. The bytes around each
-// output must stay untouched.
+// output must stay untouched. reduce_many's body against n - 1 chained pairwise reduces the same way.
 
 namespace {
 
@@ -272,6 +272,131 @@ TEST_CASE("grid emulator: launch shapes and invalid arguments") {
   CHECK(code_of([&] { chorus::device::emulate_finalize_avg(DataType::float32, x, 4, 0); }) == invalid);
   CHECK(x[0] == 1.0f);
   CHECK(x[3] == 4.0f);
+}
+
+namespace {
+
+/// One emulated reduce_many of n random inputs against n - 1 chained emulated pairwise reduces of
+/// copies of them; "" when they agree. `result_at`: the input out is (in place), or -1 for a
+/// buffer of its own. `misaligned`: the inputs at odd element offsets (the element loop), else all
+/// 16-byte aligned (packs, then the tail).
+std::string check_many_case(ReduceOp op, DataType dt, int n, std::size_t count, int result_at, bool misaligned,
+                            std::mt19937_64& rng) {
+  const std::size_t size = chorus::size_of(dt);
+  const std::size_t bytes = count * size;
+  std::vector<std::vector<unsigned char>> init;
+  std::vector<Buffer> inputs;
+  inputs.reserve(static_cast<std::size_t>(n));
+  for (int k = 0; k < n; ++k) {
+    init.push_back(random_elements(dt, count, rng));
+    const std::size_t offset = misaligned ? (static_cast<std::size_t>(k) * 3 + 1) * size % 16 / size * size : 0;
+    inputs.emplace_back(bytes, offset);
+    if (bytes != 0) std::memcpy(inputs.back().data(), init.back().data(), bytes);
+  }
+  Buffer out(bytes, 0);
+
+  // The reference: the pairwise chain want = s0 op s1, want = want op s2, ... on copies.
+  std::vector<unsigned char> want(bytes + 1);
+  chorus::device::emulate_reduce(op, dt, want.data(), init[0].data(), init[1].data(), count);
+  for (int k = 2; k < n; ++k)
+    chorus::device::emulate_reduce(op, dt, want.data(), want.data(), init[static_cast<std::size_t>(k)].data(), count);
+
+  std::array<const void*, chorus::kMaxReduceInputs> srcs{};
+  for (int k = 0; k < n; ++k) srcs[static_cast<std::size_t>(k)] = inputs[static_cast<std::size_t>(k)].data();
+  Buffer* result = result_at < 0 ? &out : &inputs[static_cast<std::size_t>(result_at)];
+  chorus::device::emulate_reduce_many(op, dt, result->data(), srcs.data(), n, count);
+
+  if (!out.guards_intact()) return "a byte outside out changed";
+  if (result_at >= 0) {
+    for (std::size_t k = 0; k < out.bytes(); ++k) {
+      if (out.data()[k] != kSentinel) return "out was written although the result goes to an input";
+    }
+  }
+  for (int k = 0; k < n; ++k) {
+    const auto& in = inputs[static_cast<std::size_t>(k)];
+    if (!in.guards_intact()) return "a byte outside input " + std::to_string(k) + " changed";
+    if (k != result_at && bytes != 0 && std::memcmp(in.data(), init[static_cast<std::size_t>(k)].data(), bytes) != 0)
+      return "input " + std::to_string(k) + " changed";
+  }
+  return first_difference(result->data(), want.data(), bytes, size);
+}
+
+}  // namespace
+
+TEST_CASE("grid emulator: reduce_many kernel body equals the chained pairwise reduce, bit for bit") {
+  // Every dtype and valid op, n = 2..kMaxReduceInputs, odd counts, aligned and misaligned inputs,
+  // out a buffer of its own or each of the inputs in turn.
+  std::mt19937_64 rng(20260405);
+  int cases = 0;
+  int failures = 0;
+  for (DataType dt : chorus::kAllDataTypes) {
+    for (ReduceOp op : kOps) {
+      if (!chorus::is_valid_op(dt, op)) continue;
+      for (int n = 2; n <= chorus::kMaxReduceInputs; ++n) {
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{1031}}) {
+          for (bool misaligned : {false, true}) {
+            for (int result_at = -1; result_at < n; ++result_at) {
+              const std::string bad = check_many_case(op, dt, n, count, result_at, misaligned, rng);
+              ++cases;
+              if (!bad.empty() && ++failures <= 10) {
+                FAIL_CHECK(chorus::to_string(op) << " " << chorus::to_string(dt) << " n " << n << " count " << count
+                                                 << (misaligned ? " misaligned" : " aligned") << " out "
+                                                 << (result_at < 0 ? std::string("separate")
+                                                                   : "== input " + std::to_string(result_at))
+                                                 << ": " << bad);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(failures == 0);
+  MESSAGE(cases << " cases");
+}
+
+TEST_CASE("grid emulator: reduce_many folds the inputs in their order") {
+  // Float addition is not associative: reversing the inputs changes the result, so the test above
+  // would see a body that folds them in another order.
+  const float x[3][4] = {{1e20f, 1e20f, 1e20f, 1e20f}, {-1e20f, -1e20f, -1e20f, -1e20f}, {1.0f, 1.0f, 1.0f, 1.0f}};
+  alignas(16) float out[4] = {};
+  const void* in_order[] = {x[0], x[1], x[2]};
+  chorus::device::emulate_reduce_many(ReduceOp::sum, DataType::float32, out, in_order, 3, 4);
+  CHECK(out[0] == 1.0f);  // (1e20 + -1e20) + 1
+  CHECK(out[3] == 1.0f);
+  const void* reversed[] = {x[2], x[1], x[0]};
+  chorus::device::emulate_reduce_many(ReduceOp::sum, DataType::float32, out, reversed, 3, 4);
+  CHECK(out[0] == 0.0f);  // (1 + -1e20) + 1e20
+}
+
+TEST_CASE("grid emulator: reduce_many refuses input counts outside 2 to kMaxReduceInputs") {
+  alignas(16) float x[4] = {1, 2, 3, 4};
+  const void* srcs[chorus::kMaxReduceInputs + 1] = {x, x, x, x, x, x, x, x, x};
+  auto code_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const chorus::Error& e) {
+      return static_cast<int>(e.code());
+    }
+    return -1;
+  };
+  const int invalid = static_cast<int>(chorus::ErrorCode::invalid_argument);
+  using chorus::device::emulate_reduce_many;
+  for (std::size_t count : {std::size_t{0}, std::size_t{4}}) {
+    CAPTURE(count);
+    CHECK(code_of([&] { emulate_reduce_many(ReduceOp::sum, DataType::float32, x, srcs, 1, count); }) == invalid);
+    CHECK(code_of([&] { emulate_reduce_many(ReduceOp::sum, DataType::float32, x, srcs, 9, count); }) == invalid);
+    CHECK(code_of([&] { emulate_reduce_many(ReduceOp::sum, DataType::float32, x, srcs, 0, count); }) == invalid);
+    CHECK(code_of([&] { emulate_reduce_many(ReduceOp::sum, DataType::float32, x, nullptr, 2, count); }) == invalid);
+    CHECK(code_of([&] { emulate_reduce_many(ReduceOp::bor, DataType::float32, x, srcs, 2, count); }) == invalid);
+    CHECK(code_of([&] { emulate_reduce_many(ReduceOp::sum, static_cast<DataType>(99), x, srcs, 2, count); }) ==
+          invalid);
+  }
+  CHECK(x[0] == 1.0f);
+  CHECK(x[3] == 4.0f);
+  emulate_reduce_many(ReduceOp::sum, DataType::float32, x, srcs, 8, 4);  // 8 inputs: taken
+  CHECK(x[0] == 8.0f);
+  CHECK(x[3] == 32.0f);
 }
 
 TEST_CASE("grid emulator: the comparison sees a single wrong bit") {

@@ -1,21 +1,25 @@
 // device::SimRuntime: the host implementation of the device runtime seam. Stream order, stream
 // independence, events, cross-stream waits, flags, memory kinds, the compute-sanitizer-like checks,
-// sticky errors and fault injection.
+// sticky errors and fault injection; reduce_many, and the executors' reduce_many on top of it.
 #include "chorus/device/sim_runtime.hpp"
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "chorus/exec/device.hpp"
+#include "chorus/exec/host.hpp"
 #include "chorus/reduce/host.hpp"
 #include "support/sanitized.hpp"
 #include "support/spawn.hpp"
@@ -120,6 +124,192 @@ TEST_CASE("sim runtime: reduce and finalize_avg give the host's bits") {
   CHECK(std::memcmp(got.data(), want.data(), n * 4) == 0);
   rt.free_device(da);
   rt.free_device(db);
+}
+
+namespace {
+
+/// Random bits for count elements of dt (NaNs, infinities and denormals among them for the floats).
+std::vector<unsigned char> random_bytes(DataType dt, std::size_t count, std::mt19937_64& rng) {
+  std::vector<unsigned char> v(count * chorus::size_of(dt));
+  for (auto& b : v) b = static_cast<unsigned char>(rng() >> 11);
+  return v;
+}
+
+/// The pairwise chain out = in[0] op in[1], out = out op in[2], ... on the host, from copies.
+std::vector<unsigned char> chained(ReduceOp op, DataType dt, const std::vector<std::vector<unsigned char>>& in,
+                                   int n, std::size_t count) {
+  std::vector<unsigned char> want(count * chorus::size_of(dt) + 1);
+  chorus::reduce(op, dt, want.data(), in[0].data(), in[1].data(), count);
+  for (int k = 2; k < n; ++k) chorus::reduce(op, dt, want.data(), want.data(), in[std::size_t(k)].data(), count);
+  return want;
+}
+
+}  // namespace
+
+TEST_CASE("sim runtime: reduce_many equals the chained pairwise reduce, bit for bit") {
+  // Every dtype and valid op, n = 2..kMaxReduceInputs, odd counts, out a buffer of its own and
+  // each input in turn. The input array is overwritten right after the call: it is read there.
+  SimRuntime rt;
+  Stream s = rt.create_stream();
+  constexpr std::size_t kMaxCount = 1031;
+  constexpr int kMax = chorus::kMaxReduceInputs;
+  std::vector<std::byte*> dev(std::size_t(kMax) + 1);
+  for (auto& d : dev) d = static_cast<std::byte*>(rt.alloc_device(kMaxCount * 8));
+  std::mt19937_64 rng(99);
+  int cases = 0;
+  int failures = 0;
+  for (DataType dt : chorus::kAllDataTypes) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::band,
+                        ReduceOp::bor, ReduceOp::bxor}) {
+      if (!chorus::is_valid_op(dt, op)) continue;
+      for (int n = 2; n <= kMax; ++n) {
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{13}, kMaxCount}) {
+          const std::size_t bytes = count * chorus::size_of(dt);
+          std::vector<std::vector<unsigned char>> in;
+          for (int k = 0; k < n; ++k) in.push_back(random_bytes(dt, count, rng));
+          const auto want = chained(op, dt, in, n, count);
+          // out: its own buffer (dev[kMax]), then in place at input (cases % n).
+          for (const int result_at : {-1, cases % n}) {
+            std::array<const void*, kMax> srcs{};
+            for (int k = 0; k < n; ++k) {
+              rt.copy(dev[std::size_t(k)], in[std::size_t(k)].data(), bytes, s);
+              srcs[std::size_t(k)] = dev[std::size_t(k)];
+            }
+            std::byte* out = result_at < 0 ? dev[std::size_t(kMax)] : dev[std::size_t(result_at)];
+            rt.reduce_many(op, dt, out, srcs.data(), n, count, s);
+            srcs.fill(nullptr);
+            std::vector<unsigned char> got(bytes + 1);
+            rt.copy(got.data(), out, bytes, s);
+            rt.synchronize(s);
+            ++cases;
+            if (bytes != 0 && std::memcmp(got.data(), want.data(), bytes) != 0 && ++failures <= 10) {
+              FAIL_CHECK(chorus::to_string(op) << " " << chorus::to_string(dt) << " n " << n << " count " << count
+                                               << " out " << (result_at < 0 ? "separate" : "in place")
+                                               << ": differs from the chained reduce");
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(failures == 0);
+  MESSAGE(cases << " cases");
+  for (auto* d : dev) rt.free_device(d);
+  rt.destroy_stream(s);
+}
+
+TEST_CASE("sim runtime: reduce_many's checks, at the call and in the stream") {
+  SimRuntime rt;
+  constexpr std::size_t n = 16;
+  auto* a = static_cast<std::byte*>(rt.alloc_device(n * 4));
+  auto* b = static_cast<std::byte*>(rt.alloc_device(n * 4));
+  auto* c = static_cast<std::byte*>(rt.alloc_device(n * 4));
+  SUBCASE("input counts outside 2 to kMaxReduceInputs, or no array, throw at the call") {
+    const void* srcs[chorus::kMaxReduceInputs + 1] = {a, b, c, a, b, c, a, b, c};
+    for (std::size_t count : {std::size_t{0}, n}) {
+      CAPTURE(count);
+      for (int bad : {0, 1, chorus::kMaxReduceInputs + 1}) {
+        CAPTURE(bad);
+        CHECK(contains(error_of([&] { rt.reduce_many(ReduceOp::sum, DataType::int32, a, srcs, bad, count, nullptr); },
+                                ErrorCode::invalid_argument),
+                       "reduce_many"));
+      }
+      CHECK(contains(error_of([&] { rt.reduce_many(ReduceOp::sum, DataType::int32, a, nullptr, 2, count, nullptr); },
+                              ErrorCode::invalid_argument),
+                     "reduce_many"));
+    }
+    CHECK(contains(error_of([&] { rt.reduce_many(ReduceOp::band, DataType::float32, a, srcs, 3, n, nullptr); }),
+                   "reduce_many_async: cudaErrorInvalidValue (1)"));
+    rt.synchronize(Stream(nullptr));  // nothing reached the stream
+  }
+  SUBCASE("an input in host memory fails the stream with 700") {
+    std::vector<std::int32_t> host(n, 1);
+    const void* srcs[] = {a, b, host.data()};
+    Stream s = rt.create_stream();
+    rt.reduce_many(ReduceOp::sum, DataType::int32, c, srcs, 3, n, s);
+    const std::string what = error_of([&] { rt.synchronize(s); });
+    CHECK(contains(what, "reduce_many_async: cudaErrorIllegalAddress (700)"));
+    CHECK(contains(what, "srcs[2]"));
+    rt.destroy_stream(s);
+  }
+  SUBCASE("an input running past its device allocation fails the stream with 700") {
+    const void* srcs[] = {a, b + 4, c};
+    rt.reduce_many(ReduceOp::max, DataType::int32, a, srcs, 3, n, nullptr);
+    const std::string what = error_of([&] { rt.synchronize(Stream(nullptr)); });
+    CHECK(contains(what, "reduce_many_async: cudaErrorIllegalAddress (700)"));
+    CHECK(contains(what, "srcs[1]"));
+  }
+  SUBCASE("out in host memory fails the stream with 700") {
+    std::vector<std::int32_t> host(n, 1);
+    const void* srcs[] = {a, b};
+    rt.reduce_many(ReduceOp::sum, DataType::int32, host.data(), srcs, 2, n, nullptr);
+    CHECK(contains(error_of([&] { rt.synchronize(Stream(nullptr)); }), "reduce_many_async: cudaErrorIllegalAddress (700)"));
+    CHECK(host[0] == 1);
+  }
+  SUBCASE("fail_after(\"reduce_many\")") {
+    const void* srcs[] = {a, b, c};
+    rt.fail_after("reduce_many", 2, 719);
+    rt.reduce_many(ReduceOp::sum, DataType::int32, a, srcs, 3, n, nullptr);  // 1st: runs
+    rt.synchronize(Stream(nullptr));
+    rt.reduce_many(ReduceOp::sum, DataType::int32, a, srcs, 3, n, nullptr);  // 2nd: fails in the stream
+    CHECK(contains(error_of([&] { rt.synchronize(Stream(nullptr)); }), "reduce_many_async: cudaErrorLaunchFailure (719)"));
+  }
+}
+
+TEST_CASE("exec: reduce_many of the host and device executors equals the chained reduce") {
+  // The host executor chains its pairwise reduce block by block (out an input after the second goes
+  // through a buffer); the device executor launches one reduce_many. Counts past the host's block,
+  // out separate and at each input.
+  SimRuntime rt;
+  chorus::exec::HostExecutor host;
+  chorus::exec::DeviceExecutor device(rt, std::chrono::milliseconds(60000));
+  std::mt19937_64 rng(7);
+  constexpr int kN = 5;
+  for (DataType dt : {DataType::int8, DataType::float16, DataType::float32, DataType::float64}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{8191}, std::size_t{20011}}) {
+      const std::size_t bytes = count * chorus::size_of(dt);
+      std::vector<std::vector<unsigned char>> in;
+      for (int k = 0; k < kN; ++k) in.push_back(random_bytes(dt, count, rng));
+      const auto want = chained(ReduceOp::sum, dt, in, kN, count);
+      for (int result_at = -1; result_at < kN; ++result_at) {
+        CAPTURE(chorus::to_string(dt));
+        CAPTURE(count);
+        CAPTURE(result_at);
+        // Host.
+        auto copies = in;
+        std::vector<unsigned char> out(bytes + 1);
+        const std::byte* srcs[kN];
+        for (int k = 0; k < kN; ++k) srcs[k] = reinterpret_cast<const std::byte*>(copies[std::size_t(k)].data());
+        auto* result = result_at < 0 ? reinterpret_cast<std::byte*>(out.data())
+                                     : reinterpret_cast<std::byte*>(copies[std::size_t(result_at)].data());
+        host.reduce_many(ReduceOp::sum, dt, result, srcs, kN, count);
+        CHECK(std::memcmp(result, want.data(), bytes) == 0);
+        // Device.
+        std::byte* dev[kN + 1];
+        for (int k = 0; k <= kN; ++k) dev[k] = static_cast<std::byte*>(rt.alloc_device(bytes));
+        for (int k = 0; k < kN; ++k) {
+          rt.copy(dev[k], in[std::size_t(k)].data(), bytes, nullptr);
+          srcs[k] = dev[k];
+        }
+        rt.synchronize(Stream(nullptr));
+        std::byte* dev_out = result_at < 0 ? dev[kN] : dev[result_at];
+        device.reduce_many(ReduceOp::sum, dt, dev_out, srcs, kN, count);
+        device.end_call();
+        std::vector<unsigned char> got(bytes + 1);
+        rt.copy(got.data(), dev_out, bytes, nullptr);
+        rt.synchronize(Stream(nullptr));
+        CHECK(std::memcmp(got.data(), want.data(), bytes) == 0);
+        for (auto* d : dev) rt.free_device(d);
+      }
+    }
+  }
+  const std::byte* one[1] = {nullptr};
+  CHECK(contains(error_of([&] { host.reduce_many(ReduceOp::sum, DataType::int32, nullptr, one, 1, 0); },
+                          ErrorCode::invalid_argument),
+                 "reduce_many"));
+  CHECK(contains(error_of([&] { device.reduce_many(ReduceOp::sum, DataType::int32, nullptr, one, 1, 0); },
+                          ErrorCode::invalid_argument),
+                 "reduce_many"));
 }
 
 TEST_CASE("sim runtime: a stream blocked on a flag does not block another") {

@@ -182,6 +182,11 @@ class CudaRuntime final : public Runtime {
               Stream s) override {
     detail::cuda_check(reduce_async(op, dt, out, a, b, count, s), "reduce_async");
   }
+  void reduce_many(ReduceOp op, DataType dt, void* out, const void* const* srcs, int n, std::size_t count,
+                   Stream s) override {
+    check_reduce_many_inputs(srcs, n, "reduce_many");
+    detail::cuda_check(reduce_many_async(op, dt, out, srcs, n, count, s), "reduce_many_async");
+  }
   void finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) override {
     detail::cuda_check(finalize_avg_async(dt, data, count, world_size, s), "finalize_avg_async");
   }

@@ -27,6 +27,7 @@
 
 #include "chorus/core/buffer.hpp"
 #include "chorus/core/types.hpp"
+#include "chorus/reduce/cuda/kernels.hpp"  // kMaxReduceInputs
 
 struct CUstream_st;  // the CUDA runtime's stream type (cudaStream_t is CUstream_st*)
 struct CUevent_st;   // the CUDA runtime's event type (cudaEvent_t is CUevent_st*)
@@ -120,6 +121,15 @@ class Runtime {
   /// reduces as sum). out may equal a or b. Bitwise the host's chorus::reduce.
   virtual void reduce(ReduceOp op, DataType dt, void* out, const void* a, const void* b, std::size_t count,
                       Stream s) = 0;
+  /// out[i] = op(...op(op(srcs[0][i], srcs[1][i]), srcs[2][i])..., srcs[n-1][i]) for `count`
+  /// elements in device memory, in one kernel (reduce/cuda's reduce_many; avg reduces as sum):
+  /// bitwise the n-1 chained calls out = op(srcs[0], srcs[1]), out = op(out, srcs[2]), ... of
+  /// reduce. out may equal one of the inputs (no partial overlap). `srcs` is a host array of n
+  /// device pointers, read at the call (it may go once this returns). n outside 2 to
+  /// kMaxReduceInputs (reduce/cuda/kernels.hpp), or srcs null, throws Error(invalid_argument) at
+  /// the call; a DataType or ReduceOp that reduce refuses fails as it does there.
+  virtual void reduce_many(ReduceOp op, DataType dt, void* out, const void* const* srcs, int n, std::size_t count,
+                           Stream s) = 0;
   /// data[i] /= world_size for avg (the finalize_avg kernel). Bitwise the host's chorus::finalize_avg.
   virtual void finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) = 0;
   /// Work enqueued on `s` after this waits until `*flag` (in memory from alloc_pinned) is not 0,

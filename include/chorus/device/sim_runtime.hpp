@@ -9,6 +9,8 @@
 /// chorus::device::Stream s = rt.create_stream();
 /// rt.copy(d, host_ptr, bytes, s);
 /// rt.reduce(chorus::ReduceOp::sum, chorus::DataType::float32, d, d, other, count, s);
+/// const void* inputs[] = {d, other, third};
+/// rt.reduce_many(chorus::ReduceOp::sum, chorus::DataType::float32, d, inputs, 3, count, s);
 /// rt.synchronize(s);                      // throws the first error of the stream's work
 /// rt.fail_after("copy", 3, 700);          // the 3rd copy from now fails inside its stream
 /// ```
@@ -34,7 +36,7 @@
 ///   stream's worker has passed its record (timing events take the clock there).
 /// * Checks, at run time in the stream like compute-sanitizer: a copy or fill whose device side
 ///   is not inside one live device allocation, or whose host side is null or runs past a pinned
-///   buffer, fails with cudaErrorInvalidValue (1); a kernel (reduce, finalize_avg) whose operands
+///   buffer, fails with cudaErrorInvalidValue (1); a kernel (reduce, reduce_many, finalize_avg) whose operands
 ///   are not inside live device allocations fails with cudaErrorIllegalAddress (700). Arguments
 ///   wrong at the call itself (unknown handles, a DataType or ReduceOp out of range, a flag not in
 ///   pinned memory) throw at the call.
@@ -52,6 +54,7 @@
 /// Lock order: memory_rw_ (shared by work that touches memory, unique while memory is returned
 /// to the system) before mu_ (everything else). A worker sleeps only on condition variables.
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -166,13 +169,15 @@ class SimRuntime final : public Runtime {
   void fill(void* dst, int byte, std::size_t bytes, Stream s) override;
   void reduce(ReduceOp op, DataType dt, void* out, const void* a, const void* b, std::size_t count,
               Stream s) override;
+  void reduce_many(ReduceOp op, DataType dt, void* out, const void* const* srcs, int n, std::size_t count,
+                   Stream s) override;
   void finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) override;
   void wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) override;
 
   // --- for tests -----------------------------------------------------------------------------
   /// Makes the n-th call of `call` from now (n >= 1) fail with `cuda_error`. Calls: alloc_device,
   /// alloc_pinned, create_stream, create_event (they throw at the call) and copy, fill, reduce,
-  /// finalize_avg, wait_flag (the operation fails inside its stream, whose next query or
+  /// reduce_many, finalize_avg, wait_flag (the operation fails inside its stream, whose next query or
   /// synchronize throws). A later fail_after for the same call replaces the earlier one.
   /// Throws invalid_argument for another call name, n < 1 or cuda_error 0.
   void fail_after(std::string_view call, int n, int cuda_error);
@@ -180,7 +185,7 @@ class SimRuntime final : public Runtime {
  private:
   struct StreamState;
   struct EventState;
-  enum class OpKind { copy, fill, reduce, finalize_avg, wait_flag, record, wait_event };
+  enum class OpKind { copy, fill, reduce, reduce_many, finalize_avg, wait_flag, record, wait_event };
   struct Op {
     explicit Op(OpKind k) : kind(k) {}
     OpKind kind;
@@ -188,8 +193,9 @@ class SimRuntime final : public Runtime {
     void* dst = nullptr;
     const void* a = nullptr;
     const void* b = nullptr;
+    std::array<const void*, kMaxReduceInputs> srcs{};  ///< reduce_many: its inputs, srcs[0..value)
     std::size_t bytes = 0;  ///< copy, fill: bytes; kernels: elements
-    int value = 0;          ///< fill: the byte; finalize_avg: the world size
+    int value = 0;          ///< fill: the byte; finalize_avg: the world size; reduce_many: the inputs
     ReduceOp op = ReduceOp::sum;
     DataType dt = DataType::uint8;
     std::uint64_t timeout_ns = 0;

@@ -65,6 +65,14 @@ class DeviceExecutor final : public Executor {
               std::size_t count) override {
     if (count != 0) rt_.reduce(op, dt, out, a, b, count, stream_);
   }
+  void reduce_many(ReduceOp op, DataType dt, std::byte* out, const std::byte* const* srcs, int n,
+                   std::size_t count) override {
+    check_reduce_many_inputs(srcs, n, "reduce_many");
+    if (count == 0) return;
+    const void* inputs[kMaxReduceInputs];
+    for (int k = 0; k < n; ++k) inputs[k] = srcs[k];
+    rt_.reduce_many(op, dt, out, inputs, n, count, stream_);
+  }
   void finalize_avg(DataType dt, std::byte* data, std::size_t count, int ranks) override {
     if (count != 0) rt_.finalize_avg(dt, data, count, ranks, stream_);
   }

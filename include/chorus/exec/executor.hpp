@@ -18,6 +18,7 @@
 
 #include "chorus/core/buffer.hpp"
 #include "chorus/core/types.hpp"
+#include "chorus/reduce/cuda/kernels.hpp"  // kMaxReduceInputs
 
 namespace chorus::exec {
 
@@ -38,6 +39,12 @@ class Executor {
   /// out[i] = op(a[i], b[i]) for count elements (avg reduces as sum); out may be a or b.
   virtual void reduce(ReduceOp op, DataType dt, std::byte* out, const std::byte* a, const std::byte* b,
                       std::size_t count) = 0;
+  /// out[i] = op(...op(op(srcs[0][i], srcs[1][i]), srcs[2][i])..., srcs[n-1][i]) for count elements:
+  /// bitwise the n-1 chained reduce calls out = op(srcs[0], srcs[1]), out = op(out, srcs[2]), ...,
+  /// in one pass where the executor can (avg reduces as sum). out may equal one of the inputs.
+  /// `srcs` is read at the call. n outside 2 to kMaxReduceInputs throws Error(invalid_argument).
+  virtual void reduce_many(ReduceOp op, DataType dt, std::byte* out, const std::byte* const* srcs, int n,
+                           std::size_t count) = 0;
   /// avg's last step: data[i] /= ranks.
   virtual void finalize_avg(DataType dt, std::byte* data, std::size_t count, int ranks) = 0;
 

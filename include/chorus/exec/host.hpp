@@ -70,6 +70,30 @@ class HostExecutor final : public Executor {
     else
       chorus::reduce(op, dt, out, a, b, count);
   }
+  /// The pairwise chain, block by block: a block of out stays in cache across its n-1 steps. When
+  /// out is an input after the second, the block's chain runs in a buffer (out must not be
+  /// written before that input is read), then lands in out.
+  void reduce_many(ReduceOp op, DataType dt, std::byte* out, const std::byte* const* srcs, int n,
+                   std::size_t count) override {
+    check_reduce_many_inputs(srcs, n, "reduce_many");
+    const std::size_t size = size_of(dt);
+    if (size == 0 || count == 0) {
+      chorus::reduce(op, dt, out, srcs[0], srcs[1], 0);  // checks op and dt as reduce does, touches nothing
+      return;
+    }
+    bool out_is_later_input = false;
+    for (int k = 2; k < n; ++k) out_is_later_input = out_is_later_input || srcs[k] == out;
+    alignas(64) std::byte buffer[kManyBlockBytes];
+    const std::size_t step = kManyBlockBytes / size;
+    for (std::size_t at = 0; at < count; at += step) {
+      const std::size_t m = std::min(step, count - at);
+      const std::size_t off = at * size;
+      std::byte* acc = out_is_later_input ? buffer : out + off;
+      reduce(op, dt, acc, srcs[0] + off, srcs[1] + off, m);
+      for (int k = 2; k < n; ++k) reduce(op, dt, acc, acc, srcs[k] + off, m);
+      if (out_is_later_input) std::memcpy(out + off, buffer, m * size);
+    }
+  }
   void finalize_avg(DataType dt, std::byte* data, std::size_t count, int ranks) override {
     chorus::finalize_avg(dt, data, count, ranks);
   }
@@ -89,6 +113,9 @@ class HostExecutor final : public Executor {
   std::size_t bytes() const override { return scratch_.bytes() + staging_.capacity(); }
 
  private:
+  /// reduce_many's block: a multiple of every element size, small enough for the stack and L1.
+  static constexpr std::size_t kManyBlockBytes = 8192;
+
   Scratch scratch_;
   std::vector<std::byte> staging_;
 };

@@ -25,8 +25,8 @@ namespace chorus::device {
 
 namespace detail {
 inline constexpr std::string_view kSimCalls[] = {"alloc_device", "alloc_pinned", "create_stream", "create_event",
-                                                 "copy",         "fill",         "reduce",        "finalize_avg",
-                                                 "wait_flag"};
+                                                 "copy",         "fill",         "reduce",        "reduce_many",
+                                                 "finalize_avg", "wait_flag"};
 inline constexpr int kCudaInvalidValue = 1;
 inline constexpr int kCudaMemoryAllocation = 2;
 inline constexpr int kCudaInvalidDevice = 101;
@@ -39,6 +39,7 @@ constexpr std::string_view sim_call_name(std::string_view call) noexcept {
   if (call == "copy") return "cudaMemcpyAsync";
   if (call == "fill") return "cudaMemsetAsync";
   if (call == "reduce") return "reduce_async";
+  if (call == "reduce_many") return "reduce_many_async";
   if (call == "finalize_avg") return "finalize_avg_async";
   if (call == "wait_flag") return "cudaLaunchKernel";
   if (call == "alloc_device") return "cudaMalloc";
@@ -668,6 +669,25 @@ inline void SimRuntime::reduce(ReduceOp rop, DataType dt, void* out, const void*
   enqueue(s, "reduce", std::move(op));
 }
 
+inline void SimRuntime::reduce_many(ReduceOp rop, DataType dt, void* out, const void* const* srcs, int n,
+                                    std::size_t count, Stream s) {
+  check_reduce_many_inputs(srcs, n, "reduce_many");
+  const std::size_t size = size_of(dt);
+  if (size == 0 || !is_valid_op(dt, rop) || count > SIZE_MAX / size)
+    throw detail::cuda_error("reduce_many_async", detail::kCudaInvalidValue,
+                             "op " + std::to_string(static_cast<int>(rop)) + " on DataType " +
+                                 std::to_string(static_cast<int>(dt)) + ", count " + std::to_string(count));
+  if (count == 0) return;
+  Op op(OpKind::reduce_many);
+  op.dst = out;
+  for (int k = 0; k < n; ++k) op.srcs[static_cast<std::size_t>(k)] = srcs[k];  // read now: the caller's array may go
+  op.value = n;
+  op.bytes = count;
+  op.op = rop;
+  op.dt = dt;
+  enqueue(s, "reduce_many", std::move(op));
+}
+
 inline void SimRuntime::finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) {
   const std::size_t size = size_of(dt);
   if (size == 0 || world_size <= 0 || count > SIZE_MAX / size)
@@ -746,6 +766,7 @@ inline void SimRuntime::execute_memory(StreamState& st, Op& op, std::unique_lock
     case OpKind::copy: call = "cudaMemcpyAsync"; break;
     case OpKind::fill: call = "cudaMemsetAsync"; break;
     case OpKind::reduce: call = "reduce_async"; break;
+    case OpKind::reduce_many: call = "reduce_many_async"; break;
     default: call = "finalize_avg_async"; break;
   }
   if (op.inject != 0) {
@@ -767,9 +788,11 @@ inline void SimRuntime::execute_memory(StreamState& st, Op& op, std::unique_lock
   } else {
     code = detail::kCudaIllegalAddress;
     const std::size_t bytes = op.bytes * size_of(op.dt);
-    why = check_device_range(op.dst, bytes, op.kind == OpKind::reduce ? "out" : "data");
+    why = check_device_range(op.dst, bytes, op.kind == OpKind::finalize_avg ? "data" : "out");
     if (why.empty() && op.kind == OpKind::reduce) why = check_device_range(op.a, bytes, "a");
     if (why.empty() && op.kind == OpKind::reduce) why = check_device_range(op.b, bytes, "b");
+    for (int k = 0; why.empty() && op.kind == OpKind::reduce_many && k < op.value; ++k)
+      why = check_device_range(op.srcs[static_cast<std::size_t>(k)], bytes, "srcs[" + std::to_string(k) + "]");
   }
   if (!why.empty()) {
     st.error = StreamError{code, detail::cuda_error_text(call, code, why)};
@@ -782,6 +805,9 @@ inline void SimRuntime::execute_memory(StreamState& st, Op& op, std::unique_lock
       case OpKind::copy: std::memmove(op.dst, op.a, op.bytes); break;
       case OpKind::fill: std::memset(op.dst, op.value, op.bytes); break;
       case OpKind::reduce: detail::sim_kernels::emulate_reduce(op.op, op.dt, op.dst, op.a, op.b, op.bytes); break;
+      case OpKind::reduce_many:
+        detail::sim_kernels::emulate_reduce_many(op.op, op.dt, op.dst, op.srcs.data(), op.value, op.bytes);
+        break;
       default: detail::sim_kernels::emulate_finalize_avg(op.dt, op.dst, op.bytes, op.value); break;
     }
   } catch (const std::exception& e) {

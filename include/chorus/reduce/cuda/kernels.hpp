@@ -16,13 +16,20 @@
 /// through visit_reduce_kernel) -> the `__global__` wrapper (reduce.cuh) -> the body here (a
 /// grid-stride loop over 16-byte packs, then the elements the packs do not cover) -> reduce_pack
 /// (one thread, one pack). Launch constants live in DeviceReduceTuning, nowhere else.
+///
+/// ReduceManyBody is the multi-input twin of ReduceBody: one launch folds n inputs in rank order,
+/// out[i] = op(...op(op(src[0][i], src[1][i]), src[2][i])..., src[n-1][i]), the bits n-1 chained
+/// pairwise reductions give, with one pass over memory instead of n-1.
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
 #include "chorus/config.hpp"
+#include "chorus/core/error.hpp"
 #include "chorus/core/types.hpp"
 #include "chorus/reduce/ops.hpp"
 
@@ -69,6 +76,31 @@ struct DeviceReduceArgs {
   std::size_t count;
 };
 
+/// The most inputs one reduce_many launch folds (the size of DeviceReduceManyArgs::src).
+inline constexpr int kMaxReduceInputs = 8;
+
+/// Whether reduce_many takes `n` inputs: 2 to kMaxReduceInputs.
+constexpr bool reduce_many_inputs_valid(int n) noexcept { return n >= 2 && n <= kMaxReduceInputs; }
+
+/// Throws Error(invalid_argument), its text starting with `who`, for an input array `srcs` that
+/// is null or an input count n that reduce_many does not take. Host code.
+inline void check_reduce_many_inputs(const void* srcs, int n, std::string_view who) {
+  if (srcs != nullptr && reduce_many_inputs_valid(n)) return;
+  throw Error(ErrorCode::invalid_argument, std::string(who) + ": " + std::to_string(n) + " inputs" +
+                                               (srcs == nullptr ? " in a null array" : "") + " (it takes 2 to " +
+                                               std::to_string(kMaxReduceInputs) + ")");
+}
+
+/// Arguments of the reduce_many kernel, passed by value (the source pointers travel in the
+/// launch's parameter space, so the caller's array may go as soon as the launch is enqueued).
+template <class T>
+struct DeviceReduceManyArgs {
+  T* out;  ///< may equal one of src[0..n) (each element is read, from every input, before it is written)
+  const T* src[kMaxReduceInputs];  ///< src[0..n) in rank order; the rest unused
+  int n;                           ///< 2 to kMaxReduceInputs
+  std::size_t count;
+};
+
 /// Arguments of the finalize_avg kernel.
 template <class T>
 struct DeviceAvgArgs {
@@ -79,7 +111,8 @@ struct DeviceAvgArgs {
 
 static_assert(std::is_trivially_copyable_v<DeviceReduceArgs<float>> &&
               std::is_trivially_copyable_v<DeviceReduceArgs<float16>> &&
-              std::is_trivially_copyable_v<DeviceAvgArgs<bfloat16>> && std::is_trivially_copyable_v<GridCoord>);
+              std::is_trivially_copyable_v<DeviceAvgArgs<bfloat16>> && std::is_trivially_copyable_v<GridCoord> &&
+              std::is_trivially_copyable_v<DeviceReduceManyArgs<double>>);
 
 namespace detail {
 
@@ -110,6 +143,64 @@ CHORUS_HOST_DEVICE inline void reduce_pack(DevicePack<T>* out, const DevicePack<
 #endif
   for (std::size_t k = 0; k < kElementsPerPack<T>; ++k) x.v[k] = Op{}(x.v[k], y.v[k]);
   *out = x;
+}
+
+/// One thread's step on one pack of kN inputs: loads src[0]'s pack, folds in each later input's
+/// pack in order (x = Op{}(x, y), as the pairwise chain does), then stores once, so out may be
+/// any of the inputs.
+template <class Op, class T, int kN>
+CHORUS_HOST_DEVICE inline void reduce_many_pack(DevicePack<T>* out, const DevicePack<T>* const* src, std::size_t p) {
+  DevicePack<T> x = src[0][p];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 1; k < kN; ++k) {
+    const DevicePack<T> y = src[k][p];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (std::size_t e = 0; e < kElementsPerPack<T>; ++e) x.v[e] = Op{}(x.v[e], y.v[e]);
+  }
+  out[p] = x;
+}
+
+/// ReduceManyBody's loop for a fixed input count kN: the loops over the inputs have a constant
+/// trip count, so the source pointers stay in registers and one pack's loads are independent.
+template <class Op, class T, int kN>
+CHORUS_HOST_DEVICE inline void reduce_many_fixed(const DeviceReduceManyArgs<T>& args, GridCoord g) {
+  constexpr std::size_t kPer = kElementsPerPack<T>;
+  constexpr auto kAlignMask = static_cast<std::uintptr_t>(DeviceReduceTuning::kPackBytes - 1);
+  const std::size_t first = g.global_thread();
+  const std::size_t stride = g.grid_threads();
+  const T* src[kN];
+  std::uintptr_t addresses = reinterpret_cast<std::uintptr_t>(args.out);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < kN; ++k) {
+    src[k] = args.src[k];
+    addresses |= reinterpret_cast<std::uintptr_t>(src[k]);
+  }
+  std::size_t done = 0;
+  if ((addresses & kAlignMask) == 0) {
+    const std::size_t packs = args.count / kPer;
+    auto* out = reinterpret_cast<DevicePack<T>*>(args.out);
+    const DevicePack<T>* packed[kN];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < kN; ++k) packed[k] = reinterpret_cast<const DevicePack<T>*>(src[k]);
+    for (std::size_t p = first; p < packs; p += stride) reduce_many_pack<Op, T, kN>(out, packed, p);
+    done = packs * kPer;
+  }
+  for (std::size_t i = done + first; i < args.count; i += stride) {
+    T x = Op{}(src[0][i], src[1][i]);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 2; k < kN; ++k) x = Op{}(x, src[k][i]);
+    args.out[i] = x;
+  }
 }
 
 }  // namespace detail
@@ -154,6 +245,29 @@ struct ReduceBody {
     for (std::size_t i = done + first; i < args.count; i += stride) args.out[i] = Op{}(args.a[i], args.b[i]);
   }
 };
+
+/// The reduce_many kernel's body for one thread: out[i] = Op{}(...Op{}(Op{}(src[0][i], src[1][i]),
+/// src[2][i])..., src[n-1][i]), the same functor applied in the same order as n-1 chained
+/// ReduceBody launches, so the same bits. Elements are split among threads as in ReduceBody
+/// (packs when out and every input are 16-byte aligned, then the tail; else elements), so its
+/// grid is reduce_launch_shape<T>(count). Precondition: reduce_many_inputs_valid(args.n); another
+/// n does nothing.
+template <class Op, class T>
+struct ReduceManyBody {
+  CHORUS_HOST_DEVICE void operator()(const DeviceReduceManyArgs<T>& args, GridCoord g) const {
+    switch (args.n) {
+      case 2: detail::reduce_many_fixed<Op, T, 2>(args, g); break;
+      case 3: detail::reduce_many_fixed<Op, T, 3>(args, g); break;
+      case 4: detail::reduce_many_fixed<Op, T, 4>(args, g); break;
+      case 5: detail::reduce_many_fixed<Op, T, 5>(args, g); break;
+      case 6: detail::reduce_many_fixed<Op, T, 6>(args, g); break;
+      case 7: detail::reduce_many_fixed<Op, T, 7>(args, g); break;
+      case 8: detail::reduce_many_fixed<Op, T, 8>(args, g); break;
+      default: break;
+    }
+  }
+};
+static_assert(kMaxReduceInputs == 8, "ReduceManyBody's switch covers 2 to 8 inputs");
 
 /// The finalize_avg kernel's body for one thread: data[i] = avg_divide(data[i], world_size) for
 /// i = first + k * stride.

@@ -1,5 +1,6 @@
 #pragma once
-/// CUDA reductions over device memory: out[i] = op(a[i], b[i]) and avg's final division, with the
+/// CUDA reductions over device memory: out[i] = op(a[i], b[i]), its n-input form reduce_many
+/// (one launch for what n-1 chained reductions compute, same bits) and avg's final division, with the
 /// functors of reduce/ops.hpp, so a device reduction gives the bits a host reduction gives (NaN
 /// results are canonical on both; float16/bfloat16 use the same software conversions).
 /// Everything here is compiled only by nvcc (__CUDACC__); a host compiler sees an empty header.
@@ -7,6 +8,9 @@
 /// ```cpp
 /// cudaError_t e = chorus::reduce_async(chorus::ReduceOp::sum, chorus::DataType::bfloat16,
 ///                                      d_out, d_a, d_b, count, stream);
+/// const void* inputs[] = {d_x0, d_x1, d_x2};
+/// e = chorus::reduce_many_async(chorus::ReduceOp::sum, chorus::DataType::bfloat16, d_out, inputs, 3,
+///                               count, stream);
 /// e = chorus::finalize_avg_async(chorus::DataType::bfloat16, d_out, count, world_size, stream);
 /// ```
 ///
@@ -36,6 +40,14 @@ namespace chorus {
 inline cudaError_t reduce_async(ReduceOp op, DataType dt, void* out, const void* a, const void* b,
                                 std::size_t count, cudaStream_t stream);
 
+/// out[i] = op(...op(op(srcs[0][i], srcs[1][i]), srcs[2][i])..., srcs[n-1][i]) for `count` elements
+/// of dt in device memory, one launch on `stream`: the bits of n-1 chained reduce_async calls (avg
+/// reduces as sum). out may be one of the inputs. `srcs` (host memory) is read before this returns.
+/// Returns cudaErrorInvalidValue where reduce_async does, and for srcs null or n outside 2 to
+/// kMaxReduceInputs; otherwise the launch status; count 0 launches nothing.
+inline cudaError_t reduce_many_async(ReduceOp op, DataType dt, void* out, const void* const* srcs, int n,
+                                     std::size_t count, cudaStream_t stream);
+
 /// data[i] = avg_divide(data[i], world_size) on the device. cudaErrorInvalidValue for world_size < 1
 /// or an invalid DataType.
 inline cudaError_t finalize_avg_async(DataType dt, void* data, std::size_t count, int world_size,
@@ -46,6 +58,12 @@ namespace detail {
 template <class Op, class T>
 __global__ void __launch_bounds__(DeviceReduceTuning::kThreadsPerBlock) reduce_kernel(DeviceReduceArgs<T> args) {
   ReduceBody<Op, T>{}(args, GridCoord{blockIdx.x, blockDim.x, gridDim.x, threadIdx.x});
+}
+
+template <class Op, class T>
+__global__ void __launch_bounds__(DeviceReduceTuning::kThreadsPerBlock)
+    reduce_many_kernel(DeviceReduceManyArgs<T> args) {
+  ReduceManyBody<Op, T>{}(args, GridCoord{blockIdx.x, blockDim.x, gridDim.x, threadIdx.x});
 }
 
 template <class T>
@@ -64,6 +82,19 @@ inline cudaError_t reduce_async(ReduceOp op, DataType dt, void* out, const void*
     const DeviceReduceArgs<T> args{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), count};
     const LaunchShape shape = reduce_launch_shape<T>(count);
     detail::reduce_kernel<Op, T><<<shape.blocks, shape.threads, 0, stream>>>(args);
+    return cudaGetLastError();
+  });
+}
+
+inline cudaError_t reduce_many_async(ReduceOp op, DataType dt, void* out, const void* const* srcs, int n,
+                                     std::size_t count, cudaStream_t stream) {
+  if (!reduce_kernel_exists(op, dt) || srcs == nullptr || !reduce_many_inputs_valid(n)) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  return visit_reduce_kernel(op, dt, [&]<class Op, class T>() -> cudaError_t {
+    DeviceReduceManyArgs<T> args{static_cast<T*>(out), {}, n, count};
+    for (int k = 0; k < n; ++k) args.src[k] = static_cast<const T*>(srcs[k]);
+    const LaunchShape shape = reduce_launch_shape<T>(count);
+    detail::reduce_many_kernel<Op, T><<<shape.blocks, shape.threads, 0, stream>>>(args);
     return cudaGetLastError();
   });
 }
