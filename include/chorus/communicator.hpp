@@ -67,7 +67,9 @@ struct MemoryStats {
   std::size_t channel_bytes = 0;    ///< descriptor staging of the calls' first messages
   std::size_t recorder_bytes = 0;   ///< the flight recorder (CHORUS_FLIGHT_RECORDER_ENTRIES)
   std::size_t transport_bytes = 0;  ///< links: segments, buffers, eager messages waiting for receives
-  std::size_t total() const { return scratch_bytes + channel_bytes + recorder_bytes + transport_bytes; }
+  /// This rank's IPC window in device memory (cuda_ipc: the direct collectives), 0 where none was made.
+  std::size_t ipc_window_bytes = 0;
+  std::size_t total() const { return scratch_bytes + channel_bytes + recorder_bytes + transport_bytes + ipc_window_bytes; }
   /// "total 2.1 MiB: scratch 1.0 MiB, channel 68.2 KiB, recorder 4.6 KiB, transport 1.0 MiB"
   std::string to_string() const;
 };

@@ -1,15 +1,20 @@
 // The GPU suite's collective matrix: support/device_matrix.hpp on real device buffers through the
 // CUDA runtime (device/cuda_runtime.hpp, built by nvcc in tests/cuda/support/cuda_runtime.cu; this
 // file is host code), ranks as processes over shm and tcp at worlds 2 and 3 sharing the GPUs
-// (rank r on device r % device_count()). Without a GPU the GPU tests' main exits 77 (skipped);
+// (rank r on device r % device_count()), and over cuda_ipc at worlds 2 to 4 with every rank on
+// device 0 (CUDA IPC handles work between processes of one device): the direct collectives, each
+// rank reading the others' windows through real IPC mappings (4 KiB slots: many steps per call). Without a GPU the GPU tests' main exits 77 (skipped);
 // with REQUIRE_GPU=1 that is a failure instead (cuda/gpu_test.hpp).
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <memory>
+#include <sstream>
 
 #include "chorus/communicator.hpp"
+#include "chorus/device/default.hpp"
 #include "chorus/device/runtime.hpp"
+#include "chorus/transport/cuda_ipc/transport.hpp"
 #include "support/communicators.hpp"
 #include "support/device_matrix.hpp"
 #include "support/spawn.hpp"
@@ -37,6 +42,31 @@ void matrix(int world) {
   });
 }
 
+/// The matrix over cuda_ipc, every rank on device 0; the direct path must have run (a window).
+void ipc_matrix(int world) {
+  chorus::test::ProcessOptions p;
+  p.timeout = 280s;
+  p.comm_timeout = 60s;
+  p.env = {{"CHORUS_CUDA_IPC_SLOT_BYTES", "4096"}};
+  chorus::test::run_processes(
+      world,
+      [&](int, chorus::Options o) {
+        auto rt = chorus::test::make_cuda_runtime();
+        rt->set_device(0);
+        chorus::device::set_default_runtime(rt.get());  // the transport reads it
+        using Comm = chorus::Communicator<chorus::cuda_ipc::Transport>;
+        {
+          Comm comm = Comm::create(o);
+          std::ostringstream where;
+          where << "(cuda_ipc, world " << world << ", CUDA)";
+          chorus::test::device_matrix::run_all(comm, *rt, where.str());
+          chorus::test::expect(comm.memory_stats().ipc_window_bytes == 2 * 4096, "the direct path ran (an IPC window)");
+        }
+        chorus::device::set_default_runtime(nullptr);
+      },
+      p);
+}
+
 using ShmComm = chorus::Communicator<chorus::shm::Transport>;
 using TcpComm = chorus::Communicator<chorus::tcp::Transport>;
 
@@ -45,5 +75,8 @@ using TcpComm = chorus::Communicator<chorus::tcp::Transport>;
 TEST_CASE("gpu: collectives on device buffers over shm, world 2") { matrix<ShmComm>(2); }
 TEST_CASE("gpu: collectives on device buffers over shm, world 3") { matrix<ShmComm>(3); }
 TEST_CASE("gpu: collectives on device buffers over tcp, world 2") { matrix<TcpComm>(2); }
+TEST_CASE("gpu: collectives on device buffers over cuda_ipc, world 2") { ipc_matrix(2); }
+TEST_CASE("gpu: collectives on device buffers over cuda_ipc, world 3") { ipc_matrix(3); }
+TEST_CASE("gpu: collectives on device buffers over cuda_ipc, world 4") { ipc_matrix(4); }
 
 }  // namespace cuda_test_collectives

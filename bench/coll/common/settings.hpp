@@ -162,8 +162,10 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
       ->check(CLI::Range(0, 1));
   app.add_option("-y,--stream_null", stream_null, "accepted for nccl-tests command lines; no effect")
       ->check(CLI::Range(0, 1));
-  app.add_option("--transport", s.transport, "transport: auto (shm on one host, rdma or tcp across), shm, rdma or tcp")
-      ->check(CLI::IsMember({"auto", "shm", "rdma", "tcp"}))
+  app.add_option("--transport", s.transport,
+                 "transport: auto (cuda_ipc or shm on one host, rdma or tcp across), cuda_ipc (device buffers "
+                 "read directly by the peers of one host; with -g 1), shm, rdma or tcp")
+      ->check(CLI::IsMember({"auto", "cuda_ipc", "shm", "rdma", "tcp"}))
       ->capture_default_str();
   app.add_option("--algo", s.algorithm, "force the algorithm: auto, ring, tree, recursive_doubling, ...")
       ->check([](const std::string& v) -> std::string {

@@ -59,6 +59,96 @@ constexpr std::size_t one_shot_max_bytes() {
   }
 }
 
+/// The link with mailboxes to group rank p (has_mailboxes(g)).
+template <Transport T>
+auto& mailbox_link(Group<T>& g, int p) {
+  return *g.transport->link(g.members[static_cast<std::size_t>(p)]).shm_link();
+}
+
+/// Step 1 of a mailbox exchange: for every peer, fill(slot.data) writes `bytes` bytes of data (at
+/// most one_shot_max_bytes) into the next mailbox message of its link, which then carries `desc`
+/// and is published. fill(data) returns nothing; it runs once per peer.
+template <Transport T, class Fill>
+void mailbox_post(Group<T>& g, const CollectiveDesc& desc, std::size_t bytes, const Fill& fill) {
+  for (int p = 0; p < g.size(); ++p) {
+    if (p == g.rank) continue;
+    auto& l = mailbox_link(g, p);
+    const std::uint32_t stamp = l.next_mailbox_stamp();
+    auto& slot = l.mailbox_out(stamp);
+    fill(slot.data);
+    mismatch::put_desc(slot.desc, desc);
+    slot.bytes = static_cast<std::uint32_t>(bytes);
+    slot.stamp.store(stamp, std::memory_order_seq_cst);
+    l.mailbox_sent();
+  }
+}
+
+/// Step 2: waits for every peer's message of this exchange and checks that it carries `desc` and
+/// `bytes` (mismatch otherwise). `on_stall(desc)` runs every kStallCheck of a wait; `timeout`
+/// bounds each wait (then the transport is aborted and timeout thrown); a broken link throws
+/// its failure (peer_failure).
+template <Transport T, class OnStall>
+void mailbox_wait(Group<T>& g, const CollectiveDesc& desc, std::size_t bytes, std::chrono::milliseconds timeout,
+                  const OnStall& on_stall) {
+  using Clock = std::chrono::steady_clock;
+  using MLink = std::remove_reference_t<decltype(mailbox_link(g, 0))>;
+  struct Waiting {
+    const std::atomic<std::uint32_t>* stamp;
+    std::uint32_t want;
+    const MLink* link;
+    static bool ready(const void* c) {
+      const auto* w = static_cast<const Waiting*>(c);
+      return w->stamp->load(std::memory_order_acquire) == w->want || w->link->broken();
+    }
+  };
+  for (int p = 0; p < g.size(); ++p) {
+    if (p == g.rank) continue;
+    MLink& l = mailbox_link(g, p);
+    const std::uint32_t stamp = l.mailbox_stamp();
+    const auto& slot = l.mailbox_in(stamp);
+    const Waiting w{&slot.stamp, stamp, &l};
+    if (!Waiting::ready(&w)) {
+      auto driver = l.driver().lock();
+      auto now = Clock::now();
+      const auto deadline = now + timeout;
+      while (!Waiting::ready(&w)) {
+        if (now >= deadline) {
+          Error e(ErrorCode::timeout, ErrorContext{g.rank, p, describe(desc)},
+                  "no mailbox message from rank " + std::to_string(p) + " within " + std::to_string(timeout.count()) +
+                      " ms (CHORUS_TIMEOUT)");
+          if (driver) driver->on_timeout(e);  // aborts the transport, as every timed-out wait does
+          throw e;
+        }
+        if (!driver)
+          throw Error(ErrorCode::peer_failure, ErrorContext{g.rank, p, describe(desc)}, "the transport is gone");
+        driver->drive_until(&Waiting::ready, &w, std::min(deadline, now + Channel<T>::kStallCheck));
+        if (Waiting::ready(&w)) break;
+        on_stall(desc);
+        now = Clock::now();
+      }
+    }
+    if (slot.stamp.load(std::memory_order_acquire) != stamp) {  // the link broke
+      const auto [code, why] = l.failure();
+      throw Error(code, ErrorContext{g.rank, p, describe(desc)}, "the link to rank " + std::to_string(p) + " broke: " + why);
+    }
+    const CollectiveDesc theirs = mismatch::get_desc(slot.desc);
+    if (!(theirs == desc))
+      throw Error(ErrorCode::mismatch, ErrorContext{g.rank, p, describe(desc)}, describe_difference(g.rank, desc, p, theirs));
+    if (slot.bytes != bytes)
+      throw Error(ErrorCode::mismatch, ErrorContext{g.rank, p, describe(desc)},
+                  "rank " + std::to_string(p) + " sent " + std::to_string(slot.bytes) + " bytes where rank " +
+                      std::to_string(g.rank) + " sent " + std::to_string(bytes) + " in the same step of " + describe(desc) +
+                      " (the ranks run different algorithms or memory kinds for this call)");
+  }
+}
+
+/// The data of rank p's latest mailbox message (after mailbox_wait).
+template <Transport T>
+const std::byte* mailbox_data(Group<T>& g, int p) {
+  auto& l = mailbox_link(g, p);
+  return l.mailbox_in(l.mailbox_stamp()).data;
+}
+
 /// The all_reduce of `a` over `g` (has_mailboxes(g), a.bytes(a.count) <= one_shot_max_bytes).
 /// `on_stall(desc)` runs every kStallCheck of a wait; `timeout` bounds each wait.
 template <Transport T, class OnStall>
@@ -67,80 +157,22 @@ void one_shot_all_reduce(Group<T>& g, const CollectiveDesc& desc, const Args& a,
   if constexpr (!requires(T& t) { t.link(0).shm_link(); }) {
     throw Error(ErrorCode::unsupported, ErrorContext{g.rank, -1, describe(desc)}, "no mailboxes on this transport");
   } else {
-    using Clock = std::chrono::steady_clock;
-    using MLink = std::remove_pointer_t<decltype(g.transport->link(0).shm_link())>;
     const int n = g.size();
     const std::size_t bytes = a.bytes(a.count);
-    auto link_of = [&](int p) -> MLink& { return *g.transport->link(g.members[static_cast<std::size_t>(p)]).shm_link(); };
 
     // 1. Write: the input and the descriptor into the mailbox of every link.
     const std::byte* mine = a.in;
-    for (int p = 0; p < n; ++p) {
-      if (p == g.rank) continue;
-      MLink& l = link_of(p);
-      const std::uint32_t stamp = l.next_mailbox_stamp();
-      auto& slot = l.mailbox_out(stamp);
-      a.x().copy(slot.data, a.in, bytes);
-      mismatch::put_desc(slot.desc, desc);
-      slot.bytes = static_cast<std::uint32_t>(bytes);
-      slot.stamp.store(stamp, std::memory_order_seq_cst);
-      l.mailbox_sent();
-      if (a.in == a.out) mine = slot.data;  // in place: `out` is overwritten before this is read
-    }
+    mailbox_post(g, desc, bytes, [&](std::byte* data) {
+      a.x().copy(data, a.in, bytes);
+      if (a.in == a.out) mine = data;  // in place: `out` is overwritten before this is read
+    });
 
     // 2. Wait for every peer's message and check its descriptor.
-    struct Waiting {
-      const std::atomic<std::uint32_t>* stamp;
-      std::uint32_t want;
-      const MLink* link;
-      static bool ready(const void* c) {
-        const auto* w = static_cast<const Waiting*>(c);
-        return w->stamp->load(std::memory_order_acquire) == w->want || w->link->broken();
-      }
-    };
-    for (int p = 0; p < n; ++p) {
-      if (p == g.rank) continue;
-      MLink& l = link_of(p);
-      const std::uint32_t stamp = l.mailbox_stamp();
-      const auto& slot = l.mailbox_in(stamp);
-      const Waiting w{&slot.stamp, stamp, &l};
-      if (!Waiting::ready(&w)) {
-        auto driver = l.driver().lock();
-        auto now = Clock::now();
-        const auto deadline = now + timeout;
-        while (!Waiting::ready(&w)) {
-          if (now >= deadline) {
-            Error e(ErrorCode::timeout, ErrorContext{g.rank, p, describe(desc)},
-                    "no one-shot message from rank " + std::to_string(p) + " within " + std::to_string(timeout.count()) +
-                        " ms (CHORUS_TIMEOUT)");
-            if (driver) driver->on_timeout(e);  // aborts the transport, as every timed-out wait does
-            throw e;
-          }
-          if (!driver)
-            throw Error(ErrorCode::peer_failure, ErrorContext{g.rank, p, describe(desc)}, "the transport is gone");
-          driver->drive_until(&Waiting::ready, &w, std::min(deadline, now + Channel<T>::kStallCheck));
-          if (Waiting::ready(&w)) break;
-          on_stall(desc);
-          now = Clock::now();
-        }
-      }
-      if (slot.stamp.load(std::memory_order_acquire) != stamp) {  // the link broke
-        const auto [code, why] = l.failure();
-        throw Error(code, ErrorContext{g.rank, p, describe(desc)}, "the link to rank " + std::to_string(p) + " broke: " + why);
-      }
-      const CollectiveDesc theirs = mismatch::get_desc(slot.desc);
-      if (!(theirs == desc) || slot.bytes != bytes)
-        throw Error(ErrorCode::mismatch, ErrorContext{g.rank, p, describe(desc)},
-                    describe_difference(g.rank, desc, p, theirs));
-    }
+    mailbox_wait(g, desc, bytes, timeout, on_stall);
 
     // 3. Reduce in rank order (the same bits on every rank).
     if (bytes == 0) return;
-    auto src = [&](int q) -> const std::byte* {
-      if (q == g.rank) return mine;
-      MLink& l = link_of(q);
-      return l.mailbox_in(l.mailbox_stamp()).data;
-    };
+    auto src = [&](int q) -> const std::byte* { return q == g.rank ? mine : mailbox_data(g, q); };
     exec::Executor& x = a.x();
     x.reduce(a.op, a.dtype, a.out, src(0), src(1), a.count);
     for (int q = 2; q < n; ++q) x.reduce(a.op, a.dtype, a.out, a.out, src(q), a.count);

@@ -5,7 +5,8 @@
 /// slice size; both are validated, and the choice is logged at INFO.
 ///
 /// A forced algorithm chooses among the algorithms of the collectives that have several:
-///   all_reduce  ring, tree, recursive_doubling, one_shot (the communicator runs one_shot itself)
+///   all_reduce  ring, tree, recursive_doubling, one_shot (the communicator runs one_shot itself),
+///               two_shot (device buffers over cuda_ipc only, algo/ipc.hpp)
 ///   broadcast   binomial, chain (tree: the binomial tree)
 ///   reduce      binomial, ring (tree: the binomial tree)
 /// Forcing one of these collectives to an algorithm it lacks is an invalid_argument error that
@@ -29,7 +30,8 @@
 
 namespace chorus::algo {
 
-enum class Algorithm { automatic, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination, one_shot };
+enum class Algorithm { automatic, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination, one_shot, two_shot,
+                       ipc };
 
 constexpr std::string_view to_string(Algorithm a) noexcept {
   switch (a) {
@@ -43,6 +45,8 @@ constexpr std::string_view to_string(Algorithm a) noexcept {
     case Algorithm::pairwise: return "pairwise";
     case Algorithm::dissemination: return "dissemination";
     case Algorithm::one_shot: return "one_shot";
+    case Algorithm::two_shot: return "two_shot";
+    case Algorithm::ipc: return "ipc";
   }
   return "unknown";
 }
@@ -50,12 +54,12 @@ constexpr std::string_view to_string(Algorithm a) noexcept {
 inline Algorithm parse_algorithm(std::string_view s, std::string_view what) {
   for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::tree, Algorithm::recursive_doubling,
                       Algorithm::binomial, Algorithm::chain, Algorithm::direct, Algorithm::pairwise, Algorithm::dissemination,
-                      Algorithm::one_shot})
+                      Algorithm::one_shot, Algorithm::two_shot})
     if (s == to_string(a)) return a;
   throw Error(ErrorCode::invalid_argument,
               std::string(what) + "='" + std::string(s) +
                   "' is not one of auto, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, "
-                  "dissemination, one_shot");
+                  "dissemination, one_shot, two_shot");
 }
 
 /// The models themselves live with their transports (T::kModel, core/cost_model.hpp).
@@ -88,7 +92,7 @@ struct Overrides {
 /// no override (see the top of this file).
 inline std::span<const Algorithm> forcible_algorithms(CollectiveKind kind) noexcept {
   static constexpr Algorithm kAllReduce[] = {Algorithm::ring, Algorithm::tree, Algorithm::recursive_doubling,
-                                             Algorithm::one_shot};
+                                             Algorithm::one_shot, Algorithm::two_shot};
   static constexpr Algorithm kBroadcast[] = {Algorithm::binomial, Algorithm::chain, Algorithm::tree};
   static constexpr Algorithm kReduce[] = {Algorithm::binomial, Algorithm::ring, Algorithm::tree};
   switch (kind) {

@@ -20,6 +20,7 @@
 #include "chorus/algo/direct.hpp"
 #include "chorus/algo/double_tree.hpp"
 #include "chorus/algo/flight_recorder.hpp"
+#include "chorus/algo/ipc.hpp"
 #include "chorus/algo/one_shot.hpp"
 #include "chorus/algo/ring.hpp"
 #include "chorus/algo/select.hpp"
@@ -114,11 +115,15 @@ struct Communicator<T>::State {
   /// Every peer is reached over shm and this communicator owns the transport: all_reduce of up
   /// to one_shot_max_bytes goes through the links' mailboxes (algo/one_shot.hpp).
   bool mailboxes = false;
+  /// mailboxes, and every peer's device memory can be mapped (cuda_ipc): collectives on device
+  /// buffers read the peers' IPC windows directly (algo/ipc.hpp).
+  bool ipc = false;
+  std::size_t ipc_slot_bytes = 0;  ///< CHORUS_CUDA_IPC_SLOT_BYTES, read at creation where ipc
   exec::HostExecutor host_exec;  ///< copies, reductions and scratch of host buffers
   std::shared_ptr<algo::ChannelMemory> channel_memory;  ///< reused by each call's Channel
   /// host_exec's and device_exec's bytes() and channel_memory->bytes() after the last call (memory_stats() reads them
   /// from any thread; the call's thread owns the buffers).
-  std::atomic<std::size_t> scratch_bytes{0}, channel_bytes{0};
+  std::atomic<std::size_t> scratch_bytes{0}, channel_bytes{0}, window_bytes{0};
 
   /// After call `seq` on executor `x`: records how it ended, waits for the executor's work (a
   /// device stream) and lets scratch shrink after a burst, updates the gauges. A failing stream
@@ -144,6 +149,40 @@ struct Communicator<T>::State {
   /// before `exec`, which is joined before they go.
   std::unique_ptr<exec::DeviceExecutor> device_exec;
   std::unique_ptr<exec::TicketPool> tickets;
+  /// The IPC windows (transport/cuda_ipc/window.hpp), made at the first direct collective;
+  /// closed by a failed one, released before the executor and the runtime go.
+  std::unique_ptr<cuda_ipc::Windows> windows;
+  cuda_ipc::Windows& ipc_windows() {
+    if (!windows) {
+      windows = std::make_unique<cuda_ipc::Windows>(*runtime, group.rank, group.size(), ipc_slot_bytes);
+      window_bytes.store(2 * windows->slot_bytes(), std::memory_order_relaxed);
+    }
+    return *windows;
+  }
+  /// At destruction with no call in flight: the last mailbox exchange (the peers' reads of this
+  /// rank's window are over once they post theirs), then the windows go; a window whose peers
+  /// did not answer within kGoodbye is left to the process (window.hpp), as after a failure.
+  void release_windows() {
+    if (!windows) return;
+    bool quiet = false;
+    if constexpr (requires(T& t) { t.link(0).cuda_ipc(); }) {
+      if (windows->ready() && !aborted.load()) {
+        try {
+          algo::CollectiveDesc bye;
+          bye.seq = coll_seq;
+          algo::mailbox_post(group, bye, 0, [](std::byte*) {});
+          algo::mailbox_wait(group, bye, 0, std::min(boot.options.timeout, cuda_ipc::kGoodbye),
+                             [](const algo::CollectiveDesc&) {});
+          quiet = true;
+        } catch (const Error& e) {
+          detail::log(detail::LogLevel::info, group.rank, "the IPC window stays allocated (a peer may still read it): ",
+                      e.what());
+        }
+      }
+    }
+    if (quiet) windows->set_quiet();
+    windows.reset();
+  }
   mutable std::mutex async_mu;
   std::optional<Error> async_error;  ///< the first failure of a call nobody was waiting on (under async_mu)
 
@@ -182,6 +221,7 @@ struct Communicator<T>::State {
     m.scratch_bytes = scratch_bytes.load(std::memory_order_relaxed);
     m.channel_bytes = channel_bytes.load(std::memory_order_relaxed);
     m.recorder_bytes = recorder ? recorder->bytes() : 0;
+    m.ipc_window_bytes = window_bytes.load(std::memory_order_relaxed);
     if constexpr (requires(const T& t) { t.memory_bytes(); }) m.transport_bytes = transport->memory_bytes();
     return m;
   }
@@ -367,6 +407,8 @@ Communicator<T> Communicator<T>::create(Options options) {
   s->model = detail::group_model(*s->transport, s->group);
   s->overrides = algo::Overrides::from(s->boot.options);
   s->mailboxes = algo::has_mailboxes(s->group);
+  s->ipc = s->mailboxes && algo::has_ipc(s->group);
+  if (s->ipc) s->ipc_slot_bytes = cuda_ipc::slot_bytes_from_env(s->ctx(-1, "cuda_ipc"));
   if (auto v = detail::env_string("CHORUS_BENCH_NO_DESCRIPTORS")) {
     if (*v != "0" && *v != "1")
       throw Error(ErrorCode::invalid_argument, "CHORUS_BENCH_NO_DESCRIPTORS='" + *v + "' is not 0 or 1");
@@ -377,6 +419,8 @@ Communicator<T> Communicator<T>::create(Options options) {
   s->watch_for_errors();
   if (detail::log_enabled(detail::LogLevel::info))
     detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready: ", s->boot.size, " ranks over ", T::kName,
+                "; device buffers: ",
+                s->ipc ? "direct reads of every peer's memory (cuda_ipc)" : "staged through pinned host memory",
                 "; memory: ", s->memory_stats().to_string());
   return Communicator(std::move(s));
 }
@@ -392,7 +436,10 @@ Communicator<T>::~Communicator() {
     detail::log(detail::LogLevel::info, rank(), "communicator destroyed after ", s_->recorder->entered(),
                 " collectives; memory: ", s_->memory_stats().to_string());
   const int pending = s_->exec.pending();
-  if (pending == 0) return;
+  if (pending == 0) {
+    s_->release_windows();
+    return;
+  }
   detail::log(detail::LogLevel::warn, rank(), "communicator destroyed with ", pending,
               " operation(s) pending: they fail with `aborted` (call finalize() first to wait for them)");
   abort_with(Error(ErrorCode::aborted, s_->ctx(-1, "~Communicator"),
@@ -476,7 +523,8 @@ inline std::string MemoryStats::to_string() const {
     return std::string(buf);
   };
   return "total " + fmt(total()) + ": scratch " + fmt(scratch_bytes) + ", channel " + fmt(channel_bytes) + ", recorder " +
-         fmt(recorder_bytes) + ", transport " + fmt(transport_bytes);
+         fmt(recorder_bytes) + ", transport " + fmt(transport_bytes) +
+         (ipc_window_bytes != 0 ? ", ipc window " + fmt(ipc_window_bytes) : std::string());
 }
 
 template <Transport T>
@@ -533,31 +581,56 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
                 "root " + std::to_string(desc.root) + " is not a rank of this communicator (size " + std::to_string(n) + ")");
   const std::size_t bytes = args.bytes(desc.count);
-  // all_reduce through the shm mailboxes where it fits, unless another algorithm is forced;
-  // forced, it must fit.
+  // Device buffers where every peer's memory can be mapped: the direct collectives (algo/ipc.hpp),
+  // unless an algorithm of the staged path is forced.
+  const bool is_device = args.exec->kind() == MemoryKind::device;
+  const algo::Algorithm forced = st.overrides.algorithm;
+  const bool direct_forced = forced == algo::Algorithm::one_shot || forced == algo::Algorithm::two_shot;
+  const bool direct = is_device && st.ipc && n > 1 &&
+                      (forced == algo::Algorithm::automatic || direct_forced ||
+                       algo::forcible_algorithms(desc.kind).empty());
+  // all_reduce of host buffers through the shm mailboxes where it fits, unless another algorithm
+  // is forced; forced, it must fit. (A forced two_shot where the direct path cannot run leaves the
+  // choice to the model: it names an algorithm of device buffers only.)
   const bool one_shot_call = desc.kind == algo::CollectiveKind::all_reduce && n > 1;
-  const bool one_shot_fits =
-      st.mailboxes && args.exec->kind() == MemoryKind::host && bytes <= algo::one_shot_max_bytes<T>();
-  const bool one_shot_forced = st.overrides.algorithm == algo::Algorithm::one_shot;
-  if (one_shot_call && one_shot_forced && !one_shot_fits)
+  const bool one_shot_fits = st.mailboxes && !is_device && bytes <= algo::one_shot_max_bytes<T>();
+  const bool one_shot_forced = forced == algo::Algorithm::one_shot;
+  if (one_shot_call && one_shot_forced && !one_shot_fits && !direct)
     throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(desc)),
                 "CHORUS_ALGO=one_shot needs every peer on shm, a communicator made by init/create (not split) "
-                "and at most " + std::to_string(algo::one_shot_max_bytes<T>()) + " bytes; this call has " +
+                "and at most " + std::to_string(algo::one_shot_max_bytes<T>()) + " bytes of host memory (or device "
+                "buffers over cuda_ipc); this call has " +
                 std::to_string(bytes) + " bytes" + (st.mailboxes ? "" : " and no shm mailboxes to every peer"));
-  const algo::Choice choice =
-      one_shot_call && one_shot_fits && (one_shot_forced || st.overrides.algorithm == algo::Algorithm::automatic)
-          ? algo::Choice{algo::Algorithm::one_shot, 0}
-          : algo::select(desc.kind, bytes, n, st.model, st.overrides);
+  algo::Choice choice{};
+  if (direct) {
+    algo::check_forced(desc.kind, st.overrides);
+    algo::Algorithm a = algo::Algorithm::ipc;
+    if (desc.kind == algo::CollectiveKind::all_reduce)
+      a = direct_forced ? forced : algo::ipc_all_reduce_algorithm(bytes, n, st.ipc_windows().slot_bytes());
+    choice = {a, st.ipc_windows().slot_bytes()};
+  } else if (one_shot_call && one_shot_fits && (one_shot_forced || forced == algo::Algorithm::automatic)) {
+    choice = {algo::Algorithm::one_shot, 0};
+  } else {
+    choice = algo::select(desc.kind, bytes, n, st.model, st.overrides);
+  }
   args.slice_bytes = choice.slice_bytes;
   if (detail::log_enabled(detail::LogLevel::info))
     detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
                 ", slices of ", choice.slice_bytes, " bytes");
 
-  auto task = [&st, desc, args, choice, ticket] {
+  auto task = [&st, desc, args, choice, ticket, direct] {
     exec::Executor& x = *args.exec;
     st.recorder->started(desc, choice.algorithm);
     auto fail = [&](const Error& e) {
       ticket.release(false);
+      if (direct && st.windows) {  // the communicator runs nothing more: unmap the peers' windows now
+        // (after the release: unmapping waits for the streams, the user's among them)
+        try {
+          st.windows->close();
+        } catch (const Error& ce) {
+          detail::log(detail::LogLevel::warn, st.group.rank, "closing the IPC windows: ", ce.what());
+        }
+      }
       // A failed call may leave messages in flight that still read or write the caller's
       // buffers (a peer pulls a large send from them), and peers waiting on this rank: abort
       // before the caller gets the buffers back, so nothing touches them after the throw and the
@@ -573,7 +646,16 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     };
     try {
       if (ticket) st.device_exec->after(ticket.ready());
-      if (choice.algorithm == algo::Algorithm::one_shot) {
+      if (direct) {
+        if constexpr (requires(T& t) {
+                        t.link(0).cuda_ipc();
+                        t.link(0).shm_link();
+                      }) {  // (direct is false on transports without these: has_ipc)
+          const auto on_stall = [&st](const algo::CollectiveDesc& d) { st.stall(d); };
+          algo::IpcCollective run(st.group, desc, args, *st.windows, *st.device_exec, st.boot.options.timeout, on_stall);
+          run.run(choice.algorithm);
+        }
+      } else if (choice.algorithm == algo::Algorithm::one_shot) {
         algo::one_shot_all_reduce(st.group, desc, args, st.boot.options.timeout,
                                   [&st](const algo::CollectiveDesc& d) { st.stall(d); });
       } else {

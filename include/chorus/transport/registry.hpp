@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "chorus/transport/cuda_ipc/transport.hpp"
 #include "chorus/transport/rdma/transport.hpp"
 #include "chorus/transport/shm/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
@@ -20,7 +21,7 @@ struct List {};
 
 /// The candidates, most preferred first. The last must connect any pair.
 using Candidates = List<
-    // cuda_ipc::Transport will go here (GPUs of one host), before shm.
+    cuda_ipc::Transport,  // processes of one host that can map each other's device memory
     shm::Transport,  // processes of one host
     rdma::Transport,  // hosts that share an RDMA fabric
     tcp::Transport  // any two ranks

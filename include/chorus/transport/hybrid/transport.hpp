@@ -43,14 +43,21 @@ namespace detail {
 template <class T>
 using LinkOf = std::remove_reference_t<decltype(std::declval<T&>().link(0))>;
 
-/// The first link type with mailboxes, or void. shm_link() is the name algo/one_shot.hpp reads.
+/// The type of the mailbox link (what shm_link() points to) of the first link type that has
+/// one, or void. shm_link() is the name algo/one_shot.hpp reads; cuda_ipc's links give the shm
+/// link under them, so every candidate with mailboxes gives the same type.
 template <class... Ls>
 struct FirstWithMailboxes {
   using type = void;
 };
 template <class L, class... Ls>
 struct FirstWithMailboxes<L, Ls...> {
-  using type = std::conditional_t<requires(L& l) { l.shm_link(); }, L, typename FirstWithMailboxes<Ls...>::type>;
+  using type = typename decltype([] {
+    if constexpr (requires(L& l) { l.shm_link(); })
+      return std::type_identity<std::remove_pointer_t<decltype(std::declval<L&>().shm_link())>>{};
+    else
+      return std::type_identity<typename FirstWithMailboxes<Ls...>::type>{};
+  }())::type;
 };
 
 }  // namespace detail
@@ -83,8 +90,25 @@ class BasicLink {
   MailboxLink* shm_link() const
     requires(!std::is_void_v<MailboxLink>)
   {
-    auto* p = std::get_if<MailboxLink*>(&l_);
-    return p ? *p : nullptr;
+    return std::visit(
+        [](auto* l) -> MailboxLink* {
+          if constexpr (requires { l->shm_link(); })
+            return l->shm_link();
+          else
+            return nullptr;
+        },
+        l_);
+  }
+  /// True where the serving candidate maps the peer's device memory (cuda_ipc; algo/ipc.hpp).
+  bool cuda_ipc() const {
+    return std::visit(
+        [](auto* l) {
+          if constexpr (requires { l->cuda_ipc(); })
+            return static_cast<bool>(l->cuda_ipc());
+          else
+            return false;
+        },
+        l_);
   }
 
  private:
@@ -253,6 +277,11 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   for (std::size_t i = 0; i < kCount; ++i)
     summary += (i == 0 ? "" : ", ") + std::to_string(count[i]) + (i == 0 ? " peers over " : " over ") + std::string(names[i]);
   chorus::detail::log(chorus::detail::LogLevel::info, rank_, "transport ", mode, ": ", summary);
+  if (chorus::detail::log_enabled(chorus::detail::LogLevel::info))
+    for (std::size_t p = 0; p < n; ++p)
+      if (choice[p] != kCount)
+        chorus::detail::log(chorus::detail::LogLevel::info, rank_, "transport ", mode, ": rank ", rank_, " <-> rank ", p,
+                            " over ", names[choice[p]]);
 }
 
 /// The transport over the registry's candidates.

@@ -1,0 +1,231 @@
+// The cuda_ipc transport on the simulated CUDA runtime (device/sim_runtime.hpp), ranks as real
+// processes: IPC handles are memfds the processes map into each other's simulated device memory,
+// so the whole direct path runs here: the windows' set-up (handles through the shm mailboxes,
+// opened once), every collective by direct reads of the peers' windows with their reduction
+// kernels under the grid emulator, the step protocol over two slots (slots of 4 KiB here, so
+// most calls take many steps), a mismatch, a killed peer, and the fallback to the staged shm path
+// for pairs that cannot map each other's memory.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "chorus/chorus.hpp"
+#include "chorus/device/sim_runtime.hpp"
+#include "support/device_matrix.hpp"
+#include "support/spawn.hpp"
+
+namespace device_test_device_cuda_ipc {
+
+namespace {
+
+using namespace std::chrono_literals;
+using chorus::DataType;
+using chorus::ErrorCode;
+using chorus::ReduceOp;
+using chorus::device::SimRuntime;
+using chorus::device::Stream;
+using chorus::test::expect;
+using chorus::test::expect_error;
+using chorus::test::device_matrix::Coll;
+using IpcComm = chorus::Communicator<chorus::cuda_ipc::Transport>;
+using AutoComm = chorus::Communicator<chorus::hybrid::Transport>;
+
+constexpr std::size_t kSlot = 4096;
+
+chorus::test::ProcessOptions options(std::set<int> killed = {}) {
+  chorus::test::ProcessOptions p;
+  p.timeout = 240s;
+  p.comm_timeout = 60s;  // long: a failure must arrive well before it
+  p.env = {{"CHORUS_CUDA_IPC_SLOT_BYTES", std::to_string(kSlot)}};
+  p.expect_killed = std::move(killed);
+  return p;
+}
+
+/// What the direct path leaves: this rank's window of two slots, where a direct call ran.
+template <class Comm>
+void expect_window(Comm& comm, bool made, const std::string& where) {
+  const std::size_t got = comm.memory_stats().ipc_window_bytes;
+  expect(got == (made ? 2 * kSlot : 0), where + ": ipc window of " + std::to_string(got) + " bytes, expected " +
+                                            (made ? "two slots (the direct path ran)" : "none (the staged path)"));
+}
+
+/// The matrix of support/device_matrix.hpp over Comm, the default runtime set before the
+/// communicator is made (the transport reads it).
+template <class Comm>
+void matrix(int world, const std::string& transport) {
+  chorus::test::run_processes(
+      world,
+      [&](int, chorus::Options o) {
+        SimRuntime rt;
+        chorus::device::set_default_runtime(&rt);
+        o.transport = transport;
+        o.chunk_bytes = 512;
+        Comm comm = Comm::create(o);
+        std::ostringstream where;
+        where << "(" << transport << ", world " << world << ", simulated runtime)";
+        chorus::test::device_matrix::run_all(comm, rt, where.str());
+        expect_window(comm, world > 1, where.str());
+        chorus::device::set_default_runtime(nullptr);
+      },
+      options());
+}
+
+/// all_reduce alone, every dtype and op, in and out of place, with `algo` forced (the model picks
+/// one_shot for everything the matrix sends; host calls, where `algo` cannot run, take the model's).
+void all_reduce_forced(int world, const std::string& algo) {
+  chorus::test::run_processes(
+      world,
+      [&](int, chorus::Options o) {
+        SimRuntime rt;
+        chorus::device::set_default_runtime(&rt);
+        o.algorithm = algo;
+        IpcComm comm = IpcComm::create(o);
+        comm.set_device_runtime(&rt);
+        const Stream s = rt.create_stream();
+        chorus::test::device_matrix::Runner<IpcComm> run{comm, rt, s, "(cuda_ipc, " + algo + ")"};
+        for (DataType dt : chorus::kAllDataTypes)
+          for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1031}, std::size_t{5003}})
+            for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::band,
+                                ReduceOp::bor, ReduceOp::bxor})
+              if (chorus::is_valid_op(dt, op))
+                for (bool in_place : {false, true}) run.run(Coll::all_reduce, dt, count, op, -1, in_place);
+        expect_window(comm, true, algo);
+        rt.destroy_stream(s);
+        chorus::device::set_default_runtime(nullptr);
+      },
+      options());
+}
+
+/// One rank of the failure tests: a simulated runtime (the default while it lives), a
+/// communicator over cuda_ipc, a stream and `n` zeroed floats of device memory, after one direct
+/// all_reduce has set the windows up.
+struct FailureRank {
+  static constexpr std::size_t n = 5000;
+  SimRuntime rt;
+  IpcComm comm;
+  Stream s;
+  float* buf;
+  explicit FailureRank(const chorus::Options& o)
+      : comm((chorus::device::set_default_runtime(&rt), IpcComm::create(o))), s(rt.create_stream()),
+        buf(static_cast<float*>(rt.alloc_device(n * sizeof(float)))) {
+    rt.fill(buf, 0, n * sizeof(float), s);
+    all_reduce().wait();
+    expect_window(comm, true, "before the failure");
+  }
+  ~FailureRank() {
+    try {
+      rt.synchronize(s);  // the stream was let go (its ticket says failed), not left waiting
+    } catch (const chorus::Error&) {
+    }
+    rt.free_device(buf);
+    chorus::device::set_default_runtime(nullptr);
+  }
+  chorus::Request all_reduce() { return comm.all_reduce(buf, buf, n, DataType::float32, ReduceOp::sum, s); }
+};
+
+}  // namespace
+
+TEST_CASE("cuda_ipc: every collective dtype and op at world 1") { matrix<IpcComm>(1, "auto"); }
+TEST_CASE("cuda_ipc: every collective dtype and op at world 2") { matrix<IpcComm>(2, "auto"); }
+TEST_CASE("cuda_ipc: every collective dtype and op at world 3") { matrix<IpcComm>(3, "auto"); }
+TEST_CASE("cuda_ipc: every collective dtype and op at world 4") { matrix<IpcComm>(4, "auto"); }
+// (The default transport forced to cuda_ipc runs the direct path in the bench.*_cuda_ipc_sim tests.)
+
+TEST_CASE("cuda_ipc: all_reduce two_shot forced, every dtype and op, worlds 2 and 3") {
+  all_reduce_forced(2, "two_shot");
+  all_reduce_forced(3, "two_shot");
+}
+
+// Rank 2 has no device runtime when the communicator is made: auto serves its pairs over shm
+// (the staged path, for everyone: one peer without IPC is enough) and the others' pair over
+// cuda_ipc; forcing cuda_ipc fails on every rank, naming why. Results stay right either way.
+TEST_CASE("cuda_ipc: a rank without a device runtime falls back to shm; forced, it is an error") {
+  chorus::test::run_processes(
+      3,
+      [](int rank, chorus::Options o) {
+        SimRuntime rt;
+        if (rank != 2) chorus::device::set_default_runtime(&rt);
+        {
+          chorus::Options forced = o;
+          forced.transport = "cuda_ipc";
+          auto e = expect_error(ErrorCode::invalid_argument, [&] { (void)AutoComm::create(forced); },
+                                "transport=cuda_ipc with a rank that has no runtime");
+          const std::string text = e.what();
+          expect(text.find("cannot map device memory") != std::string::npos && text.find("no device runtime") != std::string::npos,
+                 "the error says why: " + text);
+        }
+        o.store = std::make_shared<chorus::PrefixStore>("second/", o.store);
+        AutoComm comm = AutoComm::create(o);
+        for (int p = 0; p < 3; ++p) {
+          if (p == rank) continue;
+          const std::string want = rank == 2 || p == 2 ? "shm" : "cuda_ipc";
+          expect(comm.transport().link_kind(p) == want,
+                 "rank " + std::to_string(rank) + " <-> " + std::to_string(p) + " over " +
+                     std::string(comm.transport().link_kind(p)) + ", expected " + want);
+        }
+        comm.set_device_runtime(&rt);
+        const Stream s = rt.create_stream();
+        chorus::test::device_matrix::Runner<AutoComm> run{comm, rt, s, "(fallback)"};
+        for (std::size_t count : {std::size_t{1}, std::size_t{5003}}) {
+          run.run(Coll::all_reduce, DataType::float32, count, ReduceOp::sum, -1, false);
+          run.run(Coll::all_gather, DataType::int32, count, ReduceOp::sum, -1, false);
+        }
+        expect_window(comm, false, "fallback");
+        rt.destroy_stream(s);
+        chorus::device::set_default_runtime(nullptr);
+      },
+      options());
+}
+
+// Rank 2 calls broadcast where the others call all_reduce, on device buffers: every rank gets
+// mismatch from the step's mailbox exchange, naming both calls.
+TEST_CASE("cuda_ipc: a differing call is a mismatch on every rank, world 3") {
+  chorus::test::run_processes(
+      3,
+      [](int rank, chorus::Options o) {
+        FailureRank r(o);
+        auto e = expect_error(ErrorCode::mismatch,
+                              [&] {
+                                if (rank == 2)
+                                  r.comm.broadcast(r.buf, FailureRank::n, DataType::float32, 0, r.s).wait();
+                                else
+                                  r.all_reduce().wait();
+                              },
+                              "differing calls");
+        const std::string text = e.what();
+        expect(text.find("all_reduce") != std::string::npos && text.find("broadcast") != std::string::npos,
+               "the error names both calls: " + text);
+      },
+      options());
+}
+
+// Rank 2 dies (SIGKILL) with its window mapped by the others, who then wait for it in a direct
+// all_reduce: both fail with peer_failure well before the timeout (60 s), and so does the call
+// after; their mappings of the dead rank's window are released.
+TEST_CASE("cuda_ipc: a rank killed while the others wait fails them with peer_failure, world 3") {
+  chorus::test::run_processes(
+      3,
+      [](int rank, chorus::Options o) {
+        auto store = o.store;
+        FailureRank r(o);
+        if (rank == 2) {
+          store->wait({"test/waiting/0", "test/waiting/1"}, 30s);
+          std::raise(SIGKILL);
+        }
+        chorus::Request req = r.all_reduce();
+        store->set("test/waiting/" + std::to_string(rank), "1");
+        const auto t0 = std::chrono::steady_clock::now();
+        expect_error(ErrorCode::peer_failure, [&] { req.wait(); }, "all_reduce with a killed rank");
+        expect(std::chrono::steady_clock::now() - t0 < 20s, "the death was noticed within 20 s");
+        expect_error(ErrorCode::peer_failure, [&] { r.all_reduce().wait(); }, "the call after");
+      },
+      options({2}));
+}
+
+}  // namespace device_test_device_cuda_ipc
