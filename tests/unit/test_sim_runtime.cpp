@@ -283,7 +283,7 @@ TEST_CASE("exec: reduce_many of the host and device executors equals the chained
         auto* result = result_at < 0 ? reinterpret_cast<std::byte*>(out.data())
                                      : reinterpret_cast<std::byte*>(copies[std::size_t(result_at)].data());
         host.reduce_many(ReduceOp::sum, dt, result, srcs, kN, count);
-        CHECK(std::memcmp(result, want.data(), bytes) == 0);
+        CHECK((bytes == 0 || std::memcmp(result, want.data(), bytes) == 0));
         // Device.
         std::byte* dev[kN + 1];
         for (int k = 0; k <= kN; ++k) dev[k] = static_cast<std::byte*>(rt.alloc_device(bytes));
@@ -298,7 +298,7 @@ TEST_CASE("exec: reduce_many of the host and device executors equals the chained
         std::vector<unsigned char> got(bytes + 1);
         rt.copy(got.data(), dev_out, bytes, nullptr);
         rt.synchronize(Stream(nullptr));
-        CHECK(std::memcmp(got.data(), want.data(), bytes) == 0);
+        CHECK((bytes == 0 || std::memcmp(got.data(), want.data(), bytes) == 0));
         for (auto* d : dev) rt.free_device(d);
       }
     }
