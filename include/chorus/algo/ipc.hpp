@@ -205,12 +205,13 @@ class IpcCollective {
     chunks(a_.count, chunk_elems(1), [&](std::size_t off, std::size_t c) {
       a_.x().copy(next(), a_.in + bytes(off), bytes(c));
       exchange();
-      const auto [lo, hi] = block(c, r_);
+      const auto mine = block(c, r_);
+      const std::size_t lo = mine.first, hi = mine.second;  // (named, not bound: lambdas capture them)
       reduce_all(next() + bytes(lo), [&](int q) { return last(q) + bytes(lo); }, hi - lo);
       exchange();
       for (int q = 0; q < n_; ++q) {
-        const auto [qlo, qhi] = block(c, q);
-        a_.x().copy(a_.out + bytes(off + qlo), last(q) + bytes(qlo), bytes(qhi - qlo));
+        const auto theirs = block(c, q);
+        a_.x().copy(a_.out + bytes(off + theirs.first), last(q) + bytes(theirs.first), bytes(theirs.second - theirs.first));
       }
     });
   }
