@@ -80,7 +80,7 @@ struct DeviceReduceArgs {
 inline constexpr int kMaxReduceInputs = 8;
 
 /// Whether reduce_many takes `n` inputs: 2 to kMaxReduceInputs.
-constexpr bool reduce_many_inputs_valid(int n) noexcept { return n >= 2 && n <= kMaxReduceInputs; }
+CHORUS_HOST_DEVICE constexpr bool reduce_many_inputs_valid(int n) noexcept { return n >= 2 && n <= kMaxReduceInputs; }
 
 /// Throws Error(invalid_argument), its text starting with `who`, for an input array `srcs` that
 /// is null or an input count n that reduce_many does not take. Host code.
@@ -96,7 +96,7 @@ inline void check_reduce_many_inputs(const void* srcs, int n, std::string_view w
 template <class T>
 struct DeviceReduceManyArgs {
   T* out;  ///< may equal one of src[0..n) (each element is read, from every input, before it is written)
-  const T* src[kMaxReduceInputs];  ///< src[0..n) in rank order; the rest unused
+  const T* src[kMaxReduceInputs] = {};  ///< src[0..n) in rank order; the rest unused
   int n;                           ///< 2 to kMaxReduceInputs
   std::size_t count;
 };
@@ -145,16 +145,14 @@ CHORUS_HOST_DEVICE inline void reduce_pack(DevicePack<T>* out, const DevicePack<
   *out = x;
 }
 
-/// One thread's step on one pack of kN inputs: loads src[0]'s pack, folds in each later input's
+/// One thread's step on one pack of n inputs: loads src[0]'s pack, folds in each later input's
 /// pack in order (x = Op{}(x, y), as the pairwise chain does), then stores once, so out may be
 /// any of the inputs.
-template <class Op, class T, int kN>
-CHORUS_HOST_DEVICE inline void reduce_many_pack(DevicePack<T>* out, const DevicePack<T>* const* src, std::size_t p) {
+template <class Op, class T>
+CHORUS_HOST_DEVICE inline void reduce_many_pack(DevicePack<T>* out, const DevicePack<T>* const* src, int n,
+                                                std::size_t p) {
   DevicePack<T> x = src[0][p];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int k = 1; k < kN; ++k) {
+  for (int k = 1; k < n; ++k) {
     const DevicePack<T> y = src[k][p];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -164,20 +162,18 @@ CHORUS_HOST_DEVICE inline void reduce_many_pack(DevicePack<T>* out, const Device
   out[p] = x;
 }
 
-/// ReduceManyBody's loop for a fixed input count kN: the loops over the inputs have a constant
-/// trip count, so the source pointers stay in registers and one pack's loads are independent.
-template <class Op, class T, int kN>
-CHORUS_HOST_DEVICE inline void reduce_many_fixed(const DeviceReduceManyArgs<T>& args, GridCoord g) {
+/// ReduceManyBody's loop for args.n inputs (a run-time trip count: one kernel per op and dtype,
+/// not one per input count, which multiplied nvcc's compile time by seven).
+template <class Op, class T>
+CHORUS_HOST_DEVICE inline void reduce_many_any(const DeviceReduceManyArgs<T>& args, GridCoord g) {
+  const int n = args.n;
   constexpr std::size_t kPer = kElementsPerPack<T>;
   constexpr auto kAlignMask = static_cast<std::uintptr_t>(DeviceReduceTuning::kPackBytes - 1);
   const std::size_t first = g.global_thread();
   const std::size_t stride = g.grid_threads();
-  const T* src[kN];
+  const T* src[kMaxReduceInputs] = {};
   std::uintptr_t addresses = reinterpret_cast<std::uintptr_t>(args.out);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int k = 0; k < kN; ++k) {
+  for (int k = 0; k < n; ++k) {
     src[k] = args.src[k];
     addresses |= reinterpret_cast<std::uintptr_t>(src[k]);
   }
@@ -185,20 +181,14 @@ CHORUS_HOST_DEVICE inline void reduce_many_fixed(const DeviceReduceManyArgs<T>& 
   if ((addresses & kAlignMask) == 0) {
     const std::size_t packs = args.count / kPer;
     auto* out = reinterpret_cast<DevicePack<T>*>(args.out);
-    const DevicePack<T>* packed[kN];
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int k = 0; k < kN; ++k) packed[k] = reinterpret_cast<const DevicePack<T>*>(src[k]);
-    for (std::size_t p = first; p < packs; p += stride) reduce_many_pack<Op, T, kN>(out, packed, p);
+    const DevicePack<T>* packed[kMaxReduceInputs] = {};
+    for (int k = 0; k < n; ++k) packed[k] = reinterpret_cast<const DevicePack<T>*>(src[k]);
+    for (std::size_t p = first; p < packs; p += stride) reduce_many_pack<Op, T>(out, packed, n, p);
     done = packs * kPer;
   }
   for (std::size_t i = done + first; i < args.count; i += stride) {
     T x = Op{}(src[0][i], src[1][i]);
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (int k = 2; k < kN; ++k) x = Op{}(x, src[k][i]);
+    for (int k = 2; k < n; ++k) x = Op{}(x, src[k][i]);
     args.out[i] = x;
   }
 }
@@ -255,16 +245,7 @@ struct ReduceBody {
 template <class Op, class T>
 struct ReduceManyBody {
   CHORUS_HOST_DEVICE void operator()(const DeviceReduceManyArgs<T>& args, GridCoord g) const {
-    switch (args.n) {
-      case 2: detail::reduce_many_fixed<Op, T, 2>(args, g); break;
-      case 3: detail::reduce_many_fixed<Op, T, 3>(args, g); break;
-      case 4: detail::reduce_many_fixed<Op, T, 4>(args, g); break;
-      case 5: detail::reduce_many_fixed<Op, T, 5>(args, g); break;
-      case 6: detail::reduce_many_fixed<Op, T, 6>(args, g); break;
-      case 7: detail::reduce_many_fixed<Op, T, 7>(args, g); break;
-      case 8: detail::reduce_many_fixed<Op, T, 8>(args, g); break;
-      default: break;
-    }
+    if (reduce_many_inputs_valid(args.n)) detail::reduce_many_any<Op, T>(args, g);
   }
 };
 static_assert(kMaxReduceInputs == 8, "ReduceManyBody's switch covers 2 to 8 inputs");
