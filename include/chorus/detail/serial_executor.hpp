@@ -9,6 +9,14 @@
 /// `all_reduce_async(...)` followed by `wait()` costs no hand-off to the worker and back. Turns
 /// are kept by an index per job: a job runs, on whichever thread claims it first, only once every
 /// job submitted before it has finished.
+///
+/// Order of completion: a call's request completes just after the next call is let go (so its
+/// waiter, once back, finds the executor idle), and a call run inline starts only once every
+/// earlier call's request has completed: a blocking call that returned implies that every call
+/// before it reports done, and so does a queued call's (its turn comes once the requests of the
+/// calls before it have completed).
+
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,6 +51,7 @@ class SerialExecutor {
       job->index = submitted_++;
     }
     state->set_driver(job);
+    unsettled_.fetch_add(1);
     pending_.fetch_add(1);
     asio::post(pool_, [this, job] {
       {
@@ -58,9 +67,13 @@ class SerialExecutor {
   /// Claims the executor for a call that the caller runs on its own thread: true when nothing is
   /// queued or running (then end_inline() must follow the call), false otherwise. The claim is an
   /// atomic flag, so a call submitted meanwhile waits for end_inline() and never overlaps it.
+  /// Once claimed, it waits for the last queued call's request to complete (that call has
+  /// finished and only its completion is left, a few instructions away on another thread).
   bool try_begin_inline() {
     int idle = 0;
-    return pending_.compare_exchange_strong(idle, kInline);
+    if (!pending_.compare_exchange_strong(idle, kInline)) return false;
+    while (unsettled_.load(std::memory_order_acquire) != 0) ::sched_yield();
+    return true;
   }
   void end_inline() {
     if (pending_.fetch_sub(kInline) != kInline) {  // a call was queued meanwhile: its turn now
@@ -135,8 +148,9 @@ class SerialExecutor {
 
   static constexpr int kInline = 1 << 24;  ///< in pending_: a caller runs a call inline
 
-  /// Every call before `j` has finished and no inline call runs (under mu_).
-  bool my_turn(const Job& j) const { return finished_ == j.index && pending_.load() < kInline; }
+  /// Every call before `j` has finished and its request completed, and no inline call runs
+  /// (under mu_).
+  bool my_turn(const Job& j) const { return settled_ == j.index && pending_.load() < kInline; }
 
   bool try_claim(Job& j) {
     std::lock_guard lk(mu_);
@@ -145,8 +159,9 @@ class SerialExecutor {
     return true;
   }
 
-  /// Runs the call, lets the next one go, then completes its request: a waiter that returns
-  /// finds the executor idle (its next blocking call runs inline, no hand-off).
+  /// Runs the call, lets the next one go (pending_), then completes its request: a waiter that
+  /// returns finds the executor idle (its next blocking call runs inline, no hand-off); a queued
+  /// next call starts once the request has completed (settled_).
   void run_job(Job& j) {
     std::optional<Error> err;          // a chorus error, kept as it is
     std::optional<std::string> other;  // any other exception's text
@@ -162,11 +177,6 @@ class SerialExecutor {
     } catch (const std::exception& e) {
       other = e.what();
     }
-    {
-      std::lock_guard lk(mu_);
-      ++finished_;
-    }
-    cv_.notify_all();
     pending_.fetch_sub(1);
     if (err)
       j.state->fail(*err);
@@ -174,6 +184,7 @@ class SerialExecutor {
       j.state->fail(ErrorCode::system, *other);
     else
       j.state->complete();
+    unsettled_.fetch_sub(1, std::memory_order_release);
     {
       std::lock_guard lk(mu_);
       ++settled_;
@@ -184,10 +195,10 @@ class SerialExecutor {
   std::mutex mu_;
   std::condition_variable cv_;
   std::uint64_t submitted_ = 0;  ///< jobs submitted (under mu_)
-  std::uint64_t finished_ = 0;   ///< jobs finished, in order (under mu_)
   std::uint64_t settled_ = 0;    ///< jobs whose requests have completed (under mu_)
   std::optional<Error> cancelled_;  ///< set by cancel() (under mu_)
   std::atomic<int> pending_{0};     ///< calls queued or running; kInline added while one runs inline
+  std::atomic<std::uint64_t> unsettled_{0};  ///< calls submitted whose requests have not completed
   asio::thread_pool pool_{1};    ///< declared last: joined (in the destructor) before the rest goes
 };
 
