@@ -27,6 +27,7 @@
 #include "chorus/transport/tcp/transport.hpp"
 #include "chorus/communicator.hpp"
 #include "chorus/all_to_all_v.hpp"
+#include "chorus/registered_memory.hpp"
 #include "chorus/sgd/sgd.hpp"
 
 namespace chorus {

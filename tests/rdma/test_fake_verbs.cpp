@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <poll.h>
+#include <stdlib.h>
 
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "chorus/detail/owned_memory.hpp"
+#include "chorus/registered_memory.hpp"
 #include "chorus/transport/rdma/fake.hpp"
 #include "chorus/transport/rdma/registration.hpp"
 #include "rdma/fabric.hpp"
@@ -235,12 +237,69 @@ TEST_CASE("registration cache: chorus-owned memory is registered once and forgot
   CHECK(cache.bytes() == 0);
   std::vector<char> user(4096);
   int err = 0;
-  Registration u1 = cache.get(user.data(), user.size(), err);
-  Registration u2 = cache.get(user.data(), user.size(), err);
-  REQUIRE(u1);
-  CHECK_FALSE(u1.cached());  // a user's buffer: its own registration each time
-  CHECK(u1.lkey() != u2.lkey());
-  CHECK(u1.lkey() != key);
+  std::uint32_t flight_key = 0;
+  {
+    Registration u1 = cache.get(user.data(), user.size(), err);
+    Registration u2 = cache.get(user.data(), user.size(), err);  // the same range, both in flight
+    Registration part = cache.get(user.data(), 100, err);        // inside it: a range of its own
+    REQUIRE(u1);
+    REQUIRE(u2);
+    REQUIRE(part);
+    CHECK_FALSE(u1.cached());  // a user's buffer: registered for the messages in flight over it
+    CHECK(u1.lkey() == u2.lkey());
+    CHECK(part.lkey() != u1.lkey());
+    CHECK(u1.lkey() != key);
+    flight_key = u1.lkey();
+    u1 = Registration();
+    Registration u3 = cache.get(user.data(), user.size(), err);  // u2 still holds it
+    CHECK(u3.lkey() == flight_key);
+  }
+  Registration u4 = cache.get(user.data(), user.size(), err);  // every holder gone: a new one
+  REQUIRE(u4);
+  CHECK(u4.lkey() != flight_key);
+}
+
+TEST_CASE("registration cache: memory the user registered is registered once, past the cap, until released") {
+  chorus::test::FakeFabric fabric;
+  std::string why;
+  auto v = open_fake(fabric.path(), why);
+  REQUIRE_MESSAGE(v, why);
+  // A cap of one page for chorus's own ranges; the user's count against none.
+  struct CapGuard {
+    CapGuard() { ::setenv("CHORUS_IB_REG_CACHE_BYTES", "4096", 1); }
+    ~CapGuard() { ::unsetenv("CHORUS_IB_REG_CACHE_BYTES"); }
+  } cap;
+  RegistrationCache cache(*v);
+  std::vector<char> user(4 * 4096);
+  int err = 0;
+  std::uint32_t key = 0;
+  {
+    chorus::RegisteredMemory reg(user);
+    Registration r1 = cache.get(user.data() + 100, 1000, err);
+    Registration r2 = cache.get(user.data() + 3 * 4096, 4096, err);
+    REQUIRE(r1);
+    REQUIRE(r2);
+    CHECK(r1.cached());
+    CHECK(r1.lkey() == r2.lkey());  // one registration of the whole range, four times the cap
+    CHECK(cache.bytes() == 0);
+    key = r1.lkey();
+    // Two ranges of chorus's own: the second pushes the first out, never the user's.
+    chorus::detail::OwnedBuffer a(4096), b(4096);
+    const std::uint32_t ka = cache.get(a.data(), 16, err).lkey();
+    CHECK(cache.get(b.data(), 16, err).cached());
+    CHECK(cache.bytes() == 4096);
+    CHECK(cache.get(a.data(), 16, err).lkey() != ka);  // a was dropped and registered again
+    CHECK(cache.get(user.data(), 8, err).lkey() == key);
+    reg.reset();  // released: the next message registers on its own
+    Registration r3 = cache.get(user.data(), 8, err);
+    REQUIRE(r3);
+    CHECK_FALSE(r3.cached());
+    CHECK(r3.lkey() != key);
+    CHECK(r1.lkey() == key);  // the messages that held it keep it until they end
+  }
+  Registration u = cache.get(user.data(), user.size(), err);
+  REQUIRE(u);
+  CHECK_FALSE(u.cached());
 }
 
 }  // namespace rdma_test_fake_verbs

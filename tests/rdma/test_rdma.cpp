@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 
 #include "chorus/communicator.hpp"
 #include "chorus/device/sim_runtime.hpp"
+#include "chorus/registered_memory.hpp"
 #include "chorus/transport/hybrid/transport.hpp"
 #include "chorus/transport/rdma/transport.hpp"
 #include "rdma/fabric.hpp"
@@ -75,6 +77,52 @@ TEST_CASE("rdma: messages of every protocol arrive intact both ways at once") {
         }
         for (auto& r : reqs) r.wait();
         for (std::size_t m = 0; m < sizes.size(); ++m) check_message(in[m], peer, m, "rank " + std::to_string(rank));
+      },
+      fabric.options(120s, 30s));
+}
+
+TEST_CASE("rdma: large messages from and into registered memory, before and after its release, and one buffer sent twice") {
+  FakeFabric fabric;
+  constexpr std::size_t kMsg = (std::size_t(1) << 20) + 3, kCount = 6;
+  chorus::test::run_processes(
+      2,
+      [&](int rank, chorus::Options o) {
+        Comm comm = Comm::create(o);
+        const int peer = 1 - rank;
+        std::vector<std::uint8_t> out(kCount * kMsg), in(kCount * kMsg);
+        chorus::RegisteredMemory reg_out(out), reg_in(in);
+        for (int round = 0; round < 3; ++round) {
+          if (round == 2) {  // released: every message registers its own buffer again
+            reg_out.reset();
+            reg_in.reset();
+          }
+          std::fill(in.begin(), in.end(), std::uint8_t{0xee});
+          for (std::size_t m = 0; m < kCount; ++m) {
+            const auto msg = message(rank, m + 10 * static_cast<std::size_t>(round), kMsg);
+            std::copy(msg.begin(), msg.end(), out.begin() + static_cast<std::ptrdiff_t>(m * kMsg));
+          }
+          std::vector<chorus::Request> reqs;
+          for (std::size_t m = 0; m < kCount; ++m) {  // slices of one registered range, all in flight
+            reqs.push_back(comm.irecv(std::span<std::uint8_t>(in).subspan(m * kMsg, kMsg), peer, static_cast<int>(m)));
+            reqs.push_back(comm.isend(std::span<const std::uint8_t>(out).subspan(m * kMsg, kMsg), peer, static_cast<int>(m)));
+          }
+          for (auto& r : reqs) r.wait();
+          for (std::size_t m = 0; m < kCount; ++m)
+            check_message(std::vector<std::uint8_t>(in.begin() + static_cast<std::ptrdiff_t>(m * kMsg),
+                                                    in.begin() + static_cast<std::ptrdiff_t>((m + 1) * kMsg)),
+                          peer, m + 10 * static_cast<std::size_t>(round), "rank " + std::to_string(rank) + " round " + std::to_string(round));
+        }
+        // One unregistered buffer sent twice at once: both sends share one registration.
+        const auto same = message(rank, 99, kMsg);
+        std::vector<std::uint8_t> got1(kMsg), got2(kMsg);
+        std::vector<chorus::Request> reqs;
+        reqs.push_back(comm.irecv(std::span<std::uint8_t>(got1), peer, 100));
+        reqs.push_back(comm.irecv(std::span<std::uint8_t>(got2), peer, 101));
+        reqs.push_back(comm.isend(std::span<const std::uint8_t>(same), peer, 100));
+        reqs.push_back(comm.isend(std::span<const std::uint8_t>(same), peer, 101));
+        for (auto& r : reqs) r.wait();
+        check_message(got1, peer, 99, "rank " + std::to_string(rank) + " first of two sends of one buffer");
+        check_message(got2, peer, 99, "rank " + std::to_string(rank) + " second of two sends of one buffer");
       },
       fabric.options(120s, 30s));
 }

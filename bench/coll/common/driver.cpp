@@ -25,6 +25,10 @@
 /// and the time is taken with timing events on that stream, as nccl-tests does; inputs are
 /// written and outputs checked in host copies of the buffers, moved with the runtime's copies.
 ///
+/// -R 1 registers the host send and receive buffers once (chorus::RegisteredMemory, where
+/// nccl-tests calls ncclCommRegister), so rdma uses one registration of each instead of
+/// registering the buffer of every large message: the mode perftest's figures are taken in.
+///
 /// Out-of-place and in-place buffers follow nccl-tests: in place, the input sits at
 /// recv + rank * layout.send_in_place and the output at recv + rank * layout.recv_in_place.
 /// Where chorus has no in-place form (all_to_all, send/recv), the in-place half is timed on
@@ -44,6 +48,7 @@
 
 #include "chorus/algo/select.hpp"
 #include "chorus/device/sim_runtime.hpp"
+#include "chorus/registered_memory.hpp"
 #include "coll/common/data.hpp"
 #include "coll/common/descriptor.hpp"
 #include "coll/common/driver.hpp"
@@ -73,6 +78,10 @@ class Driver {
         capacity_(std::max<std::size_t>(s.max_bytes, 64)),
         send_(capacity_),
         recv_(capacity_) {
+    if (s.local_register != 0 && !rt_) {
+      reg_send_ = RegisteredMemory(send_);
+      reg_recv_ = RegisteredMemory(recv_);
+    }
     if (!rt_) return;
     dsend_ = static_cast<std::byte*>(rt_->alloc_device(capacity_));
     drecv_ = static_cast<std::byte*>(rt_->alloc_device(capacity_));
@@ -348,6 +357,8 @@ class Driver {
   std::size_t capacity_;
   std::vector<std::byte> send_;
   std::vector<std::byte> recv_;
+  RegisteredMemory reg_send_;  ///< -R 1: send_ and recv_ (host buffers)
+  RegisteredMemory reg_recv_;
   std::vector<Request> pending_;
   std::int64_t wrong_total_ = 0;
   std::uint64_t rep_ = 0;

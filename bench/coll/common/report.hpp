@@ -123,6 +123,9 @@ class Reporter {
     std::printf("# chorus: %zu ranks, transport %.*s, algorithm %s, timeout %lld ms\n", ranks.size(),
                 int(transport.size()), transport.data(), algorithm.empty() ? "auto" : algorithm.c_str(),
                 static_cast<long long>(timeout.count()));
+    if (s_.local_register != 0)
+      std::printf("# chorus: -R 1: %s\n", s_.ngpus != 0 ? "device buffers, nothing registered (staged through chorus's own memory)"
+                                                         : "send and receive buffers registered once (chorus::RegisteredMemory)");
     if (s_.device == "cuda")
       std::printf("# chorus: buffers in device memory (CUDA runtime), timed with CUDA events\n");
     else if (s_.device == "sim")
@@ -147,6 +150,7 @@ class Reporter {
           {"validation", s_.check},
           {"graph", 0},
           {"blocking_collectives", s_.blocking != 0},
+          {"local_register", s_.local_register},
           {"parallel_init", false},
           {"run_cycles", s_.run_cycles},
           {"average", s_.average},

@@ -37,6 +37,7 @@ struct Settings {
   int average = 1;                    ///< -a: time over ranks: 0 rank 0, 1 mean, 2 min, 3 max
   int timeout_s = 0;                  ///< -T: bound on every wait (0: CHORUS_TIMEOUT or 300 s)
   int report_cputime = 0;             ///< -C: report the time to post the calls, not to complete them
+  int local_register = 0;             ///< -R: 1 registers the host buffers (chorus::RegisteredMemory)
   std::vector<DataType> types = {DataType::float32};  ///< -d
   std::vector<ReduceOp> ops = {ReduceOp::sum};        ///< -o
   int root = 0;                       ///< -r: -1 is every rank in turn
@@ -142,6 +143,11 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
   app.add_option("-C,--report_cputime", s.report_cputime, "1: report the time to post the calls (cputime)")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
+  app.add_option("-R,--local_register", s.local_register,
+                 "1: register the send and receive buffers once (chorus::RegisteredMemory, as nccl-tests' -R 1 "
+                 "calls ncclCommRegister): rdma then registers no buffer per message; host buffers only")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
   app.add_option("-J,--output_file", s.output_file, "write the results as JSON to this file (*.json)");

@@ -1,9 +1,10 @@
 #pragma once
-/// Memory that chorus allocates and frees itself (the host executor's scratch): a transport that
+/// Memory that chorus allocates and frees itself (the host executor's scratch), and user memory
+/// the caller registered (chorus::RegisteredMemory, registered_memory.hpp): a transport that
 /// registers memory with a device may keep a registration of such a range until the range is
-/// retired (rdma: its registration cache), which it cannot safely do for a user's buffer: that
-/// can be freed and its addresses handed out again behind the transport's back, and a cached
-/// registration would then name the old pages.
+/// retired (rdma: its registration cache), which it cannot safely do for any other buffer of the
+/// user's: that can be freed and its addresses handed out again behind the transport's back, and
+/// a cached registration would then name the old pages.
 ///
 /// OwnedMemory is one registry per process: ranges are announced when allocated and retired
 /// before they are freed; listeners (the registration caches) hear of every retirement, after the
@@ -27,6 +28,7 @@ class OwnedMemory {
     std::uint64_t id = 0;  ///< 0: none
     const std::byte* begin = nullptr;
     std::size_t length = 0;
+    bool user = false;  ///< registered by the user: kept registered whatever a cache's cap
   };
   using Listener = std::function<void(std::uint64_t id)>;
 
@@ -35,11 +37,11 @@ class OwnedMemory {
     return m;
   }
 
-  /// A new range; its id (never 0, never reused).
-  std::uint64_t announce(const void* p, std::size_t n) {
+  /// A new range; its id (never 0, never reused). `user`: the user's (RegisteredMemory).
+  std::uint64_t announce(const void* p, std::size_t n, bool user = false) {
     std::lock_guard lk(mu_);
     const std::uint64_t id = ++next_;
-    ranges_.push_back({id, static_cast<const std::byte*>(p), n});
+    ranges_.push_back({id, static_cast<const std::byte*>(p), n, user});
     return id;
   }
   /// The range is about to be freed: every listener hears it first.

@@ -3,12 +3,20 @@
 ///
 /// A registration pins pages and hands the NIC their addresses, so a cached registration of a
 /// buffer that was freed and whose addresses were handed out again would let the NIC read and
-/// write the old pages. So only memory chorus owns is cached: the executors' scratch, announced to
-/// detail::OwnedMemory while allocated. The cache registers such a range whole on first use and
-/// keeps it until the range is retired (its listener hears it before the memory is freed) or the
-/// cache is past its cap (CHORUS_IB_REG_CACHE_BYTES, default 256 MiB: the least recently used
-/// ranges go). Any other buffer, a user's, is registered per message and deregistered when the
-/// message completes or fails ("per-call registration for uncached ranges").
+/// write the old pages. So only ranges announced to detail::OwnedMemory are cached: memory chorus
+/// owns (the executors' scratch, announced while allocated) and user memory the caller registered
+/// (chorus::RegisteredMemory, like ncclCommRegister: the caller keeps it allocated while the
+/// handle lives). The cache registers such a range whole on first use and keeps it until the
+/// range is retired (its listener hears it before the memory is freed) or, for chorus's own
+/// ranges, the cache is past its cap (CHORUS_IB_REG_CACHE_BYTES, default 256 MiB: the least
+/// recently used of them go; the user's ranges are the user's to release and count against no
+/// cap). Any other buffer of the user's is registered per message and deregistered when the
+/// message completes or fails ("per-call registration for uncached ranges"). Messages in flight
+/// over exactly the same range share that registration (a buffer sent to several peers, or sent
+/// again before the last send of it ended): while one of them is in flight the range is the
+/// caller's live buffer, so the registration names its pages; it goes with the last of them.
+/// A range merely inside another message's range gets its own: the rest of that range may be
+/// freed once the message that named it ends.
 
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "chorus/detail/env.hpp"
 #include "chorus/detail/owned_memory.hpp"
@@ -29,23 +38,23 @@ struct Deregister {
     if (m) v->dereg_mr(m);
   }
 };
-using MrPtr = std::unique_ptr<Mr, Deregister>;
 
-/// The keys a message uses for its buffer, held as long as the message: its own registration, or
-/// a share of a cached one (the registration outlives a retirement until its last user ends).
+/// The keys a message uses for its buffer, held as long as the message: a share of a cached
+/// registration, or of one made for the messages in flight over its range (a registration
+/// outlives a retirement, or the message that made it, until its last user ends).
 class Registration {
  public:
   Registration() = default;
-  explicit Registration(MrPtr own) : own_(std::move(own)) {}
-  explicit Registration(std::shared_ptr<Mr> shared) : shared_(std::move(shared)) {}
-  explicit operator bool() const { return own_ || shared_; }
-  std::uint32_t lkey() const { return own_ ? own_->lkey : shared_->lkey; }
-  std::uint32_t rkey() const { return own_ ? own_->rkey : shared_->rkey; }
-  bool cached() const { return shared_ != nullptr; }
+  Registration(std::shared_ptr<Mr> mr, bool cached) : mr_(std::move(mr)), cached_(cached) {}
+  explicit operator bool() const { return mr_ != nullptr; }
+  std::uint32_t lkey() const { return mr_->lkey; }
+  std::uint32_t rkey() const { return mr_->rkey; }
+  /// Cached (memory chorus owns, or the user registered), not made for messages in flight.
+  bool cached() const { return cached_; }
 
  private:
-  MrPtr own_;
-  std::shared_ptr<Mr> shared_;
+  std::shared_ptr<Mr> mr_;
+  bool cached_ = false;
 };
 
 class RegistrationCache {
@@ -71,23 +80,30 @@ class RegistrationCache {
   Registration get(void* p, std::size_t n, int& err) {
     auto& owned = chorus::detail::OwnedMemory::instance();
     const auto range = owned.find(p, n);
-    if (range.id != 0 && range.length <= state_->cap) {
-      if (auto mr = state_->lookup(range.id)) return Registration(std::move(mr));
+    if (range.id != 0 && (range.user || range.length <= state_->cap)) {
+      if (auto mr = state_->lookup(range.id)) return Registration(std::move(mr), true);
       Mr* m = state_->v.reg_mr(const_cast<std::byte*>(range.begin), range.length, kAccess, err);
       if (!m) return {};
       std::shared_ptr<Mr> shared(m, Deregister{&state_->v});
       // Retired meanwhile (its listener found nothing to forget yet): use it for this message
       // only; the memory is still there, since the caller is about to use it.
-      if (owned.live(range.id)) state_->insert(range.id, range.length, shared);
+      if (owned.live(range.id)) state_->insert(range.id, range.user ? 0 : range.length, shared);
       if (!owned.live(range.id)) state_->forget(range.id);
-      return Registration(std::move(shared));
+      return Registration(std::move(shared), true);
     }
+    std::lock_guard lk(flight_mu_);
+    std::erase_if(in_flight_, [](const InFlight& f) { return f.mr.expired(); });
+    for (const InFlight& f : in_flight_)
+      if (f.begin == p && f.length == n)
+        if (auto mr = f.mr.lock()) return Registration(std::move(mr), false);
     Mr* m = state_->v.reg_mr(p, n, kAccess, err);
     if (!m) return {};
-    return Registration(MrPtr(m, Deregister{&state_->v}));
+    std::shared_ptr<Mr> mr(m, Deregister{&state_->v});
+    in_flight_.push_back({p, n, mr});
+    return Registration(std::move(mr), false);
   }
 
-  /// Bytes of the ranges cached now.
+  /// Bytes of chorus's own ranges cached now (the user's registered ranges count 0).
   std::size_t bytes() const {
     std::lock_guard lk(state_->mu);
     return state_->bytes;
@@ -96,7 +112,7 @@ class RegistrationCache {
  private:
   struct Entry {
     std::uint64_t id;
-    std::size_t length;
+    std::size_t length;  ///< counted against the cap (0 for the user's ranges)
     std::shared_ptr<Mr> mr;
   };
   struct State {
@@ -116,12 +132,15 @@ class RegistrationCache {
         }
       return nullptr;
     }
+    /// Caches `mr`; `length` 0 (a user's range) is never dropped for the cap.
     void insert(std::uint64_t id, std::size_t length, std::shared_ptr<Mr> mr) {
       std::list<Entry> gone;  // deregistered after the lock
       std::lock_guard lk(mu);
-      while (!lru.empty() && bytes + length > cap) {
-        bytes -= lru.back().length;
-        gone.splice(gone.begin(), lru, std::prev(lru.end()));
+      for (auto it = lru.end(); length != 0 && bytes + length > cap && it != lru.begin();) {
+        --it;  // from the least recently used on
+        if (it->length == 0) continue;
+        bytes -= it->length;
+        gone.splice(gone.begin(), lru, it++);
       }
       lru.push_front({id, length, std::move(mr)});
       bytes += length;
@@ -138,8 +157,17 @@ class RegistrationCache {
     }
   };
 
+  /// A registration made for messages in flight over exactly [begin, begin + length).
+  struct InFlight {
+    const void* begin;
+    std::size_t length;
+    std::weak_ptr<Mr> mr;
+  };
+
   std::shared_ptr<State> state_;
   std::uint64_t listener_ = 0;
+  std::mutex flight_mu_;
+  std::vector<InFlight> in_flight_;  ///< expired entries are dropped at the next get
 };
 
 }  // namespace chorus::rdma
