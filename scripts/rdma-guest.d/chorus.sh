@@ -37,12 +37,16 @@ perftest() {  # perftest <tool> <port> <args...>
 }
 # Three rounds, each chorus then perftest on the same device (summary.py takes the medians: one
 # run under emulation can stall). Bandwidth: sendrecv_perf (nccl-tests' default: back-to-back
-# calls) at 1 and 16 MiB against ib_write_bw. Latency at 8 B: tcp_pingpong's ping-pong (half
-# round trip, the pattern of ib_write_lat and ib_send_lat) and sendrecv_perf with blocking calls
-# (-z 2: one exchange per iteration, both ranks sending at once).
+# calls) at 1 and 16 MiB against ib_write_bw, as it is (each message's buffer registered for it)
+# and with -R 1 (the buffers registered once, chorus::RegisteredMemory, as perftest registers
+# its own). Latency at 8 B: tcp_pingpong's ping-pong (half round trip, the pattern of
+# ib_write_lat and ib_send_lat) and sendrecv_perf with blocking calls (-z 2: one exchange per
+# iteration, both ranks sending at once).
 for round in 1 2 3; do
   section "sendrecv_perf rdma 2 round $round"
   run "$B/bench/coll/sendrecv_perf" -b 1M -e 16M -f 16 -n 20 -w 5 --nranks 2 --transport rdma
+  section "sendrecv_perf rdma 2 registered round $round"
+  run "$B/bench/coll/sendrecv_perf" -b 1M -e 16M -f 16 -n 20 -w 5 --nranks 2 --transport rdma -R 1
   section "ib_write_bw 1048576 round $round"
   perftest ib_write_bw $((18600 + 10 * round)) --report_gbits -s 1048576 -n 200
   section "ib_write_bw 16777216 round $round"
@@ -62,9 +66,7 @@ for round in 1 2 3; do
   perftest ib_send_lat $((18603 + 10 * round)) -s 8 -n 1000
 done
 
-# The whole sweeps once, for the record.
-section "sendrecv_perf rdma 2"
-run "$B/bench/coll/sendrecv_perf" -b 8 -e 16M -f 4 -n 10 -w 3 --nranks 2 --transport rdma
+# all_reduce's whole sweep once at 2 and 3 ranks, every result checked, for the record.
 section "all_reduce_perf rdma 2"
 run "$B/bench/coll/all_reduce_perf" -b 8 -e 16M -f 4 -n 10 -w 3 --nranks 2 --transport rdma
 section "all_reduce_perf rdma 3"

@@ -5,7 +5,9 @@ bandwidth at 1 MiB and 16 MiB against ib_write_bw (one way, and both ways at onc
 direction), tcp_pingpong's one-way stream against ib_write_bw, and 8-byte latency against ib_write_lat and
 ib_send_lat (tcp_pingpong's ping-pong, the same pattern, and sendrecv_perf's blocking exchange), as
 ratios (absolute figures under TCG emulation mean little). Bandwidths come from
-the times (nccl-tests' GB/s columns have two decimals, too few at tens of MB/s).
+the times (nccl-tests' GB/s columns have two decimals, too few at tens of MB/s). sendrecv_perf runs
+twice a round: as it is (every large message's buffer registered for that message) and with -R 1
+(the buffers registered once, as perftest registers its own).
 
 Usage: summary.py GUEST_LOG. Prints the table; exits 1 when a figure is missing. It asserts no
 speed: the ratios are for the reader (and the closing note)."""
@@ -100,22 +102,24 @@ def main():
     print(f"rdma-guest summary (same boot, {len(rounds)} rounds, medians; chorus over rdma vs perftest on rxe0):")
     ib_meds = {}
     for size, label in ((1 << 20, "1 MiB"), (16 << 20, "16 MiB")):
-        t_vals, _ = per_round("sendrecv_perf rdma 2", perf_time_us, size)
-        ours = [size / t if t else None for t in t_vals]  # bytes per us = MB/s
         ib, ib_med = per_round(f"ib_write_bw {size}", write_bw_mbs, size)
-        o_med = median(ours)
         ib_meds[size] = ib_med
-        if o_med and ib_med:
-            print(f"  {label:>6} bandwidth: sendrecv_perf {o_med:6.1f} MB/s ({fmt(ours)}), ib_write_bw {ib_med:6.1f} MB/s"
-                  f" ({fmt(ib)}): {o_med / ib_med:6.1%}")
         # ib_write_bw -b reports both directions summed: half is one direction's, what
         # sendrecv_perf's algbw counts while both ranks send.
         bi, _ = per_round(f"ib_write_bw bidir {size}", write_bw_mbs, size)
         bi = [b / 2 if b else None for b in bi]
         bi_med = median(bi)
-        if o_med and bi_med:
-            print(f"  {label:>6} both ways at once, per direction: sendrecv_perf {o_med:6.1f} MB/s, ib_write_bw -b"
-                  f" {bi_med:6.1f} MB/s ({fmt(bi)}): {o_med / bi_med:6.1%}")
+        for name, how in (("sendrecv_perf rdma 2", "sendrecv_perf"),
+                          ("sendrecv_perf rdma 2 registered", "sendrecv_perf -R 1")):
+            t_vals, _ = per_round(name, perf_time_us, size)
+            ours = [size / t if t else None for t in t_vals]  # bytes per us = MB/s
+            o_med = median(ours)
+            if o_med and ib_med:
+                print(f"  {label:>6} bandwidth: {how:<18} {o_med:6.1f} MB/s ({fmt(ours)}), ib_write_bw"
+                      f" {ib_med:6.1f} MB/s ({fmt(ib)}): {o_med / ib_med:6.1%}")
+            if o_med and bi_med:
+                print(f"  {label:>6} both ways at once, per direction: {how} {o_med:6.1f} MB/s, ib_write_bw -b"
+                      f" {bi_med:6.1f} MB/s ({fmt(bi)}): {o_med / bi_med:6.1%}")
     one, one_med = per_round("pingpong rdma", stream_mbs, "1 MiB")
     ib1 = ib_meds[1 << 20]
     if one_med and ib1:
