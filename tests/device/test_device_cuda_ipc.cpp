@@ -10,6 +10,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -226,6 +227,33 @@ TEST_CASE("cuda_ipc: a rank killed while the others wait fails them with peer_fa
         expect_error(ErrorCode::peer_failure, [&] { r.all_reduce().wait(); }, "the call after");
       },
       options({2}));
+}
+
+/// How many simulated IPC memfds this process maps: its own exported window and the peers' it
+/// opened (/proc/self/maps names each mapping's memfd).
+int sim_ipc_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("/memfd:chorus-sim-") != std::string::npos) ++n;
+  return n;
+}
+
+TEST_CASE("cuda_ipc: abort while no call runs unmaps the peers' windows, world 3") {
+  chorus::test::run_processes(
+      3,
+      [](int rank, chorus::Options o) {
+        auto store = o.store;
+        FailureRank r(o);  // one direct all_reduce: every window mapped
+        expect(sim_ipc_mappings() == 3, "own window and two peers' mapped: " + std::to_string(sim_ipc_mappings()));
+        store->set("test/set_up/" + std::to_string(rank), "1");
+        store->wait({"test/set_up/0", "test/set_up/1", "test/set_up/2"}, 30s);  // every rank's reads over
+        r.comm.abort();
+        expect(sim_ipc_mappings() == 1,
+               "after an abort with no call running only the own window stays: " + std::to_string(sim_ipc_mappings()));
+        expect_error(ErrorCode::aborted, [&] { r.all_reduce().wait(); }, "a call after the abort");
+      },
+      options());
 }
 
 }  // namespace device_test_device_cuda_ipc

@@ -454,6 +454,18 @@ void Communicator<T>::abort_with(const Error& why) {
   st.exec.cancel(why);  // queued calls fail without running
   st.transport->abort(why);
   st.dump_once(why.what());
+  // The peers' IPC windows are unmapped now when no call runs or waits to (a running direct call
+  // unmaps them as it fails). call_mu: no call is setting them up meanwhile; the executor held
+  // inline: none uses them.
+  std::lock_guard lk(st.call_mu);
+  if (st.windows && st.exec.try_begin_inline()) {
+    try {
+      st.windows->close();
+    } catch (const Error& e) {
+      detail::log(detail::LogLevel::warn, st.group.rank, "closing the IPC windows: ", e.what());
+    }
+    st.exec.end_inline();
+  }
 }
 
 template <Transport T>
