@@ -51,7 +51,7 @@ class SerialExecutor {
       job->index = submitted_++;
     }
     state->set_driver(job);
-    unsettled_.fetch_add(1);
+    unsettled_.fetch_add(1);  // before pending_ (try_begin_inline)
     pending_.fetch_add(1);
     asio::post(pool_, [this, job] {
       {
@@ -67,12 +67,17 @@ class SerialExecutor {
   /// Claims the executor for a call that the caller runs on its own thread: true when nothing is
   /// queued or running (then end_inline() must follow the call), false otherwise. The claim is an
   /// atomic flag, so a call submitted meanwhile waits for end_inline() and never overlaps it.
-  /// Once claimed, it waits for the last queued call's request to complete (that call has
-  /// finished and only its completion is left, a few instructions away on another thread).
+  /// Once claimed, it waits for the requests of the calls that ran before it to complete (those
+  /// calls have finished and only their completion is left, a few instructions away on another
+  /// thread); calls submitted after the claim, which wait for this one, are not waited for.
   bool try_begin_inline() {
     int idle = 0;
     if (!pending_.compare_exchange_strong(idle, kInline)) return false;
-    while (unsettled_.load(std::memory_order_acquire) != 0) ::sched_yield();
+    // submit() counts a call in unsettled_ before pending_, so a call being submitted meanwhile is
+    // at most waited for until it appears in pending_.
+    while (unsettled_.load(std::memory_order_acquire) >
+           static_cast<std::uint64_t>(pending_.load(std::memory_order_acquire) & (kInline - 1)))
+      ::sched_yield();
     return true;
   }
   void end_inline() {

@@ -12,12 +12,11 @@
 /// Release: close() unmaps the peers' windows (ipc_close, which waits for the work enqueued
 /// before it); the communicator calls it when a direct collective fails (a peer died or the
 /// communicator was aborted: it never runs another), at an abort() while no call runs, and at
-/// destruction, which also frees this
-/// rank's window. A peer's reads of the last call may still run when its owner is destroyed, so
-/// the communicator's destructor first exchanges a last mailbox message with every peer (a peer
-/// posts it once its own reads are over, at its own destruction); where that does not complete
-/// within kGoodbye, or after a failure or an abort, the window is left allocated (it goes with
-/// the process) rather than freed under a reader.
+/// destruction, which also frees this rank's window. A peer's reads of the last call may still
+/// run when its owner is destroyed, so the communicator's destructor first exchanges a last
+/// mailbox message with every peer (a peer posts it once its own reads are over, at its own
+/// destruction); where that does not complete within kGoodbye, or after a failure or an abort,
+/// the window is left allocated (it goes with the process) rather than freed under a reader.
 
 #include <chrono>
 #include <cstddef>
