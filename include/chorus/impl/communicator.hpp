@@ -159,6 +159,16 @@ struct Communicator<T>::State {
     }
     return *windows;
   }
+  /// Unmaps the peers' IPC windows, if any (they are not used again); a failure to is logged,
+  /// never thrown: the caller is already failing or aborting.
+  void close_windows() {
+    if (!windows) return;
+    try {
+      windows->close();
+    } catch (const Error& e) {
+      detail::log(detail::LogLevel::warn, group.rank, "closing the IPC windows: ", e.what());
+    }
+  }
   /// At destruction with no call in flight: the last mailbox exchange (the peers' reads of this
   /// rank's window are over once they post theirs), then the windows go; a window whose peers
   /// did not answer within kGoodbye is left to the process (window.hpp), as after a failure.
@@ -459,11 +469,7 @@ void Communicator<T>::abort_with(const Error& why) {
   // inline: none uses them.
   std::lock_guard lk(st.call_mu);
   if (st.windows && st.exec.try_begin_inline()) {
-    try {
-      st.windows->close();
-    } catch (const Error& e) {
-      detail::log(detail::LogLevel::warn, st.group.rank, "closing the IPC windows: ", e.what());
-    }
+    st.close_windows();
     st.exec.end_inline();
   }
 }
@@ -635,14 +641,9 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     st.recorder->started(desc, choice.algorithm);
     auto fail = [&](const Error& e) {
       ticket.release(false);
-      if (direct && st.windows) {  // the communicator runs nothing more: unmap the peers' windows now
-        // (after the release: unmapping waits for the streams, the user's among them)
-        try {
-          st.windows->close();
-        } catch (const Error& ce) {
-          detail::log(detail::LogLevel::warn, st.group.rank, "closing the IPC windows: ", ce.what());
-        }
-      }
+      // The communicator runs nothing more: unmap the peers' windows now (after the release:
+      // unmapping waits for the streams, the user's among them).
+      if (direct) st.close_windows();
       // A failed call may leave messages in flight that still read or write the caller's
       // buffers (a peer pulls a large send from them), and peers waiting on this rank: abort
       // before the caller gets the buffers back, so nothing touches them after the throw and the
