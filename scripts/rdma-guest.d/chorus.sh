@@ -48,7 +48,8 @@ perftest() {  # perftest <tool> <port> <args...>
 # and with -R 1 (the buffers registered once, chorus::RegisteredMemory, as perftest registers
 # its own). Latency at 8 B: tcp_pingpong's ping-pong (half round trip, the pattern of
 # ib_write_lat and ib_send_lat) and sendrecv_perf with blocking calls (-z 2: one exchange per
-# iteration, both ranks sending at once).
+# iteration, both ranks sending at once), and verbs_floor (scripts/rdma-guest.d/verbs_floor.c):
+# what raw verbs with busy polling take for ib_write_lat's ping-pong and for that exchange.
 for round in 1 2 3; do
   section "sendrecv_perf rdma 2 round $round"
   run "$B/bench/coll/sendrecv_perf" -b 1M -e 16M -f 16 -n 20 -w 5 --nranks 2 --transport rdma
@@ -71,6 +72,12 @@ for round in 1 2 3; do
   perftest ib_write_lat $((18602 + 10 * round)) -s 8 -n 1000
   section "ib_send_lat 8 round $round"
   perftest ib_send_lat $((18603 + 10 * round)) -s 8 -n 1000
+  # The device's own floor for the same patterns: raw verbs, busy polling, no library.
+  section "verbs_floor round $round"
+  "$B/verbs_floor" -d rxe0 -x 1 -p $((18606 + 10 * round)) -n 1000 -r 3 > /tmp/verbs_floor.server 2>&1 &
+  vf=$!
+  run "$B/verbs_floor" -d rxe0 -x 1 -p $((18606 + 10 * round)) -n 1000 -r 3 127.0.0.1
+  wait $vf || { echo "CHORUS-FAILED: verbs_floor server"; cat /tmp/verbs_floor.server; status=1; }
 done
 
 # all_reduce's whole sweep once at 2 and 3 ranks, every result checked, for the record.

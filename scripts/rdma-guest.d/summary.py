@@ -4,7 +4,8 @@ and prints chorus over rdma beside perftest on the same device in the same boot:
 bandwidth at 1 MiB and 16 MiB against ib_write_bw (one way, and both ways at once with -b, per
 direction), tcp_pingpong's one-way stream against ib_write_bw, and 8-byte latency against ib_write_lat and
 ib_send_lat (tcp_pingpong's ping-pong, the same pattern, and sendrecv_perf's blocking exchange), as
-ratios (absolute figures under TCG emulation mean little). Bandwidths come from
+ratios (absolute figures under TCG emulation mean little), and the device's own floor for those
+patterns (verbs_floor: raw verbs, busy polling, no library). Bandwidths come from
 the times (nccl-tests' GB/s columns have two decimals, too few at tens of MB/s). sendrecv_perf runs
 twice a round: as it is (every large message's buffer registered for that message) and with -R 1
 (the buffers registered once, as perftest registers its own).
@@ -78,6 +79,13 @@ def lat_us(lines, size):
     return float(f[4]), float(f[5])
 
 
+def floor_us(lines, pattern):
+    """verbs_floor: the median (us) of its runs of `pattern` ("send-exchange", ...)."""
+    vals = [float(m.group(1)) for line in lines
+            for m in [re.match(rf"\s*verbs_floor {pattern} 8 B: ([0-9.]+) us", line)] if m]
+    return median(vals)
+
+
 def median(values):
     v = sorted(x for x in values if x is not None)
     return v[len(v) // 2] if v else None
@@ -127,16 +135,31 @@ def main():
               f" {one_med / ib1:6.1%}")
     pp, pp_med = per_round("pingpong rdma", pingpong_us, "8 B")
     ex, ex_med = per_round("sendrecv_perf rdma 2 blocking 8", perf_time_us, 8)
+    lat = {}  # tool: (median t_typical, median t_avg)
     for tool in ("ib_write_lat", "ib_send_lat"):
         lats, _ = per_round(f"{tool} 8", lat_us, 8)
-        typ = median([l[0] if l else None for l in lats])
-        avg = median([l[1] if l else None for l in lats])
+        typ, avg = lat[tool] = (median([l[0] if l else None for l in lats]), median([l[1] if l else None for l in lats]))
         if typ and pp_med:
             print(f"  8 B ping-pong, half round trip (medians): tcp_pingpong {pp_med:6.2f} us ({fmt(pp, '{:.2f}')}),"
                   f" {tool} typical {typ:6.2f} us: {pp_med / typ:4.2f}x")
         if avg and ex_med:
             print(f"  8 B sendrecv_perf -z 2, one exchange both ways at once (means): {ex_med:6.2f} us"
                   f" ({fmt(ex, '{:.2f}')}), {tool} average {avg:6.2f} us: {ex_med / avg:4.2f}x")
+    # The device's floor: raw verbs with busy polling, the same patterns, the same boot.
+    wp, wp_med = per_round("verbs_floor", floor_us, "write-pingpong")
+    se, se_med = per_round("verbs_floor", floor_us, "send-exchange")
+    we, we_med = per_round("verbs_floor", floor_us, "write-exchange")
+    typ, avg = lat["ib_write_lat"]
+    if wp_med and typ:
+        print(f"  8 B raw verbs ping-pong (verbs_floor, ib_write_lat's pattern): {wp_med:6.2f} us ({fmt(wp, '{:.2f}')}),"
+              f" ib_write_lat typical {typ:6.2f} us: {wp_med / typ:4.2f}x")
+    for name, vals, med in (("send", se, se_med), ("write", we, we_med)):
+        if med and avg:
+            print(f"  8 B raw verbs exchange by {name} (verbs_floor, sendrecv_perf -z 2's pattern): {med:6.2f} us"
+                  f" ({fmt(vals, '{:.2f}')}), ib_write_lat average {avg:6.2f} us: {med / avg:4.2f}x")
+    if ex_med and se_med:
+        print(f"  8 B sendrecv_perf -z 2 against the raw verbs exchange by send: {ex_med:6.2f} / {se_med:6.2f} us:"
+              f" {ex_med / se_med:4.2f}x")
     if missing or not rounds:
         print("rdma-guest summary: missing from the log: " + (", ".join(sorted(set(missing))) or "every round"))
         return 1
