@@ -12,8 +12,8 @@
 // (half round trip for the ping-pong, per iteration for the exchanges).
 //
 // Usage: verbs_floor -p PORT [-d DEVICE] [-x GID_INDEX] [-n ITERS] [-r REPS] [SERVER_ADDRESS]
-// Without an address it is the server (it listens on PORT of 127.0.0.1's loopback, or any
-// address). The QP addresses go over that TCP connection. Every wait is bounded: the process
+// Without an address it is the server: it listens on PORT of every local address (the guest
+// runs both on 127.0.0.1). The QP addresses go over that TCP connection. Every wait is bounded: the process
 // exits non-zero after 120 s (SIGALRM) instead of hanging on a peer that is gone.
 // A diagnostic of the guest run, built by scripts/run-tests' rdma stage with the host's cc.
 #include <arpa/inet.h>
