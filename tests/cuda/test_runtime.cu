@@ -14,7 +14,8 @@
 #include "cuda/gpu_test.hpp"
 
 // device::CudaRuntime on a GPU: devices, memory kinds, copies and fills, streams and events,
-// reductions, wait_flag released by the host or timing out, and the text of its errors.
+// reductions, wait_flag released by the host or timing out, the step flags (write_value and
+// wait_value: released, timed out, aborted), and the text of its errors.
 
 namespace {
 
@@ -182,6 +183,66 @@ TEST_CASE("runtime: wait_flag gives up after its timeout; elapsed_ms measures it
   CHECK(ms >= 19.0f);   // the device clock's resolution is about a microsecond
   CHECK(ms < 10000.0f);
   rt.free_pinned(flag);
+}
+
+TEST_CASE("runtime: wait_value holds a stream until another stream's write_value, which follows its work") {
+  CudaRuntime rt;
+  auto* word = static_cast<std::uint64_t*>(rt.alloc_device(64));
+  auto* data = static_cast<std::uint32_t*>(rt.alloc_device(sizeof(std::uint32_t)));
+  auto* gate = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  auto* abort = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  *gate = 0;
+  *abort = 0;
+  StreamAndEvents producer(rt), consumer(rt);
+  rt.fill(word, 0, 64, producer.s);
+  rt.synchronize(producer.s);
+  const std::uint32_t value = 0x5eed;
+  std::uint32_t got = 0;
+  rt.wait_value(consumer.s, word, 2, abort, 7, 60'000'000'000ull);
+  rt.copy(&got, data, sizeof got, consumer.s);
+  rt.record(consumer.end, consumer.s);
+  rt.wait_flag(producer.s, gate, 60'000'000'000ull);
+  rt.copy(data, &value, sizeof value, producer.s);
+  rt.write_value(producer.s, word, 1);  // below the value waited for
+  CHECK_FALSE(rt.query(consumer.end));
+  std::atomic_ref<std::uint32_t>(*gate).store(1, std::memory_order_release);
+  rt.synchronize(producer.s);
+  CHECK_FALSE(rt.query(consumer.end));
+  rt.write_value(producer.s, word, 2);
+  rt.synchronize(consumer.end);
+  CHECK(got == value);
+  CHECK(*abort == 0u);
+  rt.free_pinned(abort);
+  rt.free_pinned(gate);
+  rt.free_device(data);
+  rt.free_device(word);
+}
+
+TEST_CASE("runtime: wait_value gives up after its timeout, storing on_timeout, and at once when aborted") {
+  CudaRuntime rt;
+  auto* word = static_cast<std::uint64_t*>(rt.alloc_device(64));
+  auto* abort = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  *abort = 0;
+  StreamAndEvents se(rt, /*timing=*/true);
+  rt.fill(word, 0, 64, se.s);
+  rt.record(se.start, se.s);
+  rt.wait_value(se.s, word, 1, abort, 7, 20'000'000ull);  // 20 ms, never written
+  rt.record(se.end, se.s);
+  rt.synchronize(se.end);
+  CHECK(rt.elapsed_ms(se.start, se.end) >= 19.0f);
+  CHECK(std::atomic_ref<std::uint32_t>(*abort).load() == 7u);
+  rt.wait_value(se.s, word, 1, abort, 9, 60'000'000'000ull);  // gives up at once: the word is set
+  rt.synchronize(se.s);
+  CHECK(std::atomic_ref<std::uint32_t>(*abort).load() == 7u);
+  std::atomic_ref<std::uint32_t>(*abort).store(0);
+  rt.wait_value(se.s, word, 1, abort, 9, 60'000'000'000ull);
+  rt.record(se.end, se.s);
+  CHECK_FALSE(rt.query(se.end));
+  std::atomic_ref<std::uint32_t>(*abort).store(0xffffffffu, std::memory_order_release);
+  rt.synchronize(se.end);
+  CHECK(std::atomic_ref<std::uint32_t>(*abort).load() == 0xffffffffu);
+  rt.free_pinned(abort);
+  rt.free_device(word);
 }
 
 TEST_CASE("runtime: errors name the call and the CUDA error") {

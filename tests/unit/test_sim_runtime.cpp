@@ -455,6 +455,123 @@ TEST_CASE("sim runtime: wait_flag gives up after its timeout and the stream goes
   rt.destroy_stream(s);
 }
 
+/// What the step-flag tests use: a runtime, a stream, a zeroed 64-bit word of device memory and a
+/// zeroed abort word of pinned memory, released at scope exit.
+struct FlagRig {
+  SimRuntime rt;
+  Stream s = rt.create_stream();
+  std::uint64_t* word = static_cast<std::uint64_t*>(rt.alloc_device(64));
+  std::uint32_t* abort = new_flag(rt);
+  FlagRig() {
+    rt.fill(word, 0, 64, s);
+    rt.synchronize(s);
+  }
+  ~FlagRig() {
+    rt.free_device(word);
+    rt.free_pinned(abort);
+    rt.destroy_stream(s);
+  }
+  FlagRig(const FlagRig&) = delete;
+  FlagRig& operator=(const FlagRig&) = delete;
+};
+
+TEST_CASE("sim runtime: wait_value waits for another stream's write_value and sees the work before it") {
+  FlagRig rig;
+  SimRuntime& rt = rig.rt;
+  Stream producer = rig.s;
+  Stream consumer = rt.create_stream();
+  std::uint64_t* word = rig.word;
+  std::uint32_t* abort = rig.abort;
+  auto* data = static_cast<std::uint32_t*>(rt.alloc_device(4));
+  auto* gate = new_flag(rt);
+  const std::uint32_t src = 0x1234;
+  std::uint32_t got = 0;
+  Event after = rt.create_event();
+  rt.wait_value(consumer, word, 2, abort, 7, kLong);
+  rt.copy(&got, data, 4, consumer);
+  rt.record(after, consumer);
+  rt.wait_flag(producer, gate, kLong);  // the producer holds until the consumer's wait is queued
+  rt.copy(data, &src, 4, producer);
+  rt.write_value(producer, word, 1);  // below the value waited for: the wait goes on
+  CHECK_FALSE(rt.query(after));
+  release(gate);
+  rt.synchronize(producer);
+  CHECK_FALSE(rt.query(after));
+  rt.write_value(producer, word, 3);  // at least the value: the wait ends
+  rt.synchronize(consumer);
+  CHECK(got == src);
+  CHECK(*abort == 0u);
+  // A word already past the value does not wait at all.
+  rt.wait_value(consumer, word, 3, abort, 7, 0);
+  rt.synchronize(consumer);
+  CHECK(*abort == 0u);
+  rt.destroy_event(after);
+  rt.free_device(data);
+  rt.free_pinned(gate);
+  rt.destroy_stream(consumer);
+}
+
+TEST_CASE("sim runtime: wait_value gives up on its timeout (storing on_timeout) and at once when aborted") {
+  FlagRig rig;
+  auto& [rt, s, word, abort] = rig;
+  std::int32_t src = 5, dst = 0;
+  auto t0 = Clock::now();
+  rt.wait_value(s, word, 1, abort, 7, 30ull * 1000 * 1000);  // 30 ms
+  rt.copy(&dst, &src, 4, s);
+  rt.synchronize(s);  // no error: the caller reads the abort word
+  CHECK(Clock::now() - t0 >= std::chrono::milliseconds(30));
+  CHECK(dst == 5);
+  CHECK(*abort == 7u);
+  // The word is set: every later wait gives up at once, and leaves it as it is.
+  t0 = Clock::now();
+  rt.wait_value(s, word, 1, abort, 9, kLong);
+  rt.synchronize(s);
+  CHECK(Clock::now() - t0 < std::chrono::seconds(30));
+  CHECK(*abort == 7u);
+  // The host sets it while a wait runs: the wait ends, and does not store its on_timeout.
+  *abort = 0;
+  Event e = rt.create_event();
+  rt.wait_value(s, word, 100, abort, 9, kLong);
+  rt.record(e, s);
+  CHECK_FALSE(rt.query(e));
+  std::thread host([&] { std::atomic_ref<std::uint32_t>(*abort).store(0xffffffffu, std::memory_order_release); });
+  rt.synchronize(s);
+  host.join();
+  CHECK(rt.query(e));
+  CHECK(*abort == 0xffffffffu);
+  rt.destroy_event(e);
+}
+
+TEST_CASE("sim runtime: write_value and wait_value check their words; fail_after and stall_after reach them") {
+  FlagRig rig;
+  auto& [rt, s, word, abort] = rig;
+  std::uint64_t host_word = 0;
+  std::uint32_t host_abort = 0;
+  CHECK(contains(error_of([&] { rt.write_value(s, &host_word, 1); }), "not in a live device allocation"));
+  CHECK(contains(error_of([&] { rt.write_value(s, reinterpret_cast<std::uint64_t*>(reinterpret_cast<std::byte*>(word) + 4), 1); }),
+                 "not aligned"));
+  CHECK(contains(error_of([&] { rt.wait_value(s, &host_word, 1, abort, 1, 0); }), "not in a live device allocation"));
+  CHECK(contains(error_of([&] { rt.wait_value(s, word, 1, &host_abort, 1, 0); }), "not an aligned word of pinned memory"));
+  CHECK(contains(error_of([&] { rt.wait_value(s, word, 1, abort, 0, 0); }), "on_timeout is 0"));
+  rt.fail_after("wait_value", 1, 719);
+  rt.wait_value(s, word, 0, abort, 1, 0);
+  CHECK(contains(error_of([&] { rt.synchronize(s); }), "cudaLaunchKernel: cudaErrorLaunchFailure (719)"));
+  Stream t = rt.create_stream();
+  rt.stall_after("write_value", 2, std::chrono::milliseconds(50));
+  const auto t0 = Clock::now();
+  rt.write_value(t, word, 1);
+  rt.write_value(t, word, 2);  // held 50 ms, then run
+  rt.synchronize(t);
+  CHECK(Clock::now() - t0 >= std::chrono::milliseconds(50));
+  std::uint64_t back = 0;
+  rt.copy(&back, word, 8, t);
+  rt.synchronize(t);
+  CHECK(back == 2u);
+  CHECK(contains(error_of([&] { rt.stall_after("alloc_device", 1, std::chrono::milliseconds(1)); }, ErrorCode::invalid_argument),
+                 "not a stream operation"));
+  rt.destroy_stream(t);
+}
+
 TEST_CASE("sim runtime: kind_of says device exactly inside live device allocations") {
   SimRuntime rt;
   auto* d = static_cast<std::byte*>(rt.alloc_device(1000));

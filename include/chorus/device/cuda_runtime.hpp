@@ -65,6 +65,34 @@ __global__ void wait_flag_kernel(Flag flag, std::uint64_t timeout_ns) {
   __threadfence_system();
 }
 
+/// Stores `value` into *word once every write before it is visible system-wide (the work enqueued
+/// before the kernel on its stream is complete when it starts).
+template <class Word>
+__global__ void write_value_kernel(Word word, std::uint64_t value) {
+  __threadfence_system();
+  *word = value;
+  __threadfence_system();
+}
+
+/// One thread spins until *word >= value (a peer's step counter, read through its IPC mapping),
+/// *abort != 0 (the host gave up), or timeout_ns have passed; on the timeout it stores on_timeout
+/// into *abort, so later waits give up at once and the host learns which wait timed out.
+template <class Word, class Abort>
+__global__ void wait_value_kernel(Word word, std::uint64_t value, Abort abort, std::uint32_t on_timeout,
+                                  std::uint64_t timeout_ns) {
+  const std::uint64_t start = global_timer_ns();
+  while (*word < value) {
+    if (*abort != 0) return;
+    if (global_timer_ns() - start >= timeout_ns) {
+      *abort = on_timeout;
+      __threadfence_system();
+      return;
+    }
+  }
+  // The peer's writes before its store of `value` are visible to the work after this kernel.
+  __threadfence_system();
+}
+
 }  // namespace detail
 
 class CudaRuntime final : public Runtime {
@@ -195,6 +223,18 @@ class CudaRuntime final : public Runtime {
     detail::cuda_check(cudaHostGetDevicePointer(&mapped, const_cast<std::uint32_t*>(flag), 0),
                        "cudaHostGetDevicePointer");
     detail::wait_flag_kernel<<<1, 1, 0, s>>>(static_cast<const volatile std::uint32_t*>(mapped), timeout_ns);
+    detail::cuda_check(cudaGetLastError(), "cudaLaunchKernel");
+  }
+  void write_value(Stream s, std::uint64_t* word, std::uint64_t value) override {
+    detail::write_value_kernel<<<1, 1, 0, s>>>(static_cast<volatile std::uint64_t*>(word), value);
+    detail::cuda_check(cudaGetLastError(), "cudaLaunchKernel");
+  }
+  void wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
+                  std::uint32_t on_timeout, std::uint64_t timeout_ns) override {
+    void* mapped = nullptr;
+    detail::cuda_check(cudaHostGetDevicePointer(&mapped, abort, 0), "cudaHostGetDevicePointer");
+    detail::wait_value_kernel<<<1, 1, 0, s>>>(static_cast<const volatile std::uint64_t*>(word), value,
+                                              static_cast<volatile std::uint32_t*>(mapped), on_timeout, timeout_ns);
     detail::cuda_check(cudaGetLastError(), "cudaLaunchKernel");
   }
 };

@@ -136,6 +136,20 @@ class Runtime {
   /// which the host sets with a release store; after `timeout_ns` it gives up and lets the stream
   /// go on (the caller reports the failure another way: the flag is never a silent hang).
   virtual void wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) = 0;
+
+  // --- step flags in mapped device memory (transport/cuda_ipc, algo/ipc.hpp) ------------------
+  /// Work enqueued on `s` after this stores `value` into `*word`, a word of device memory (this
+  /// process's own, or a peer's mapped by ipc_open), once the work enqueued before it is done and
+  /// its writes are visible to every process and device that maps them (a one-thread kernel: a
+  /// system-scope fence, then a volatile store).
+  virtual void write_value(Stream s, std::uint64_t* word, std::uint64_t value) = 0;
+  /// Work enqueued on `s` after this waits until `*word` (device memory, own or mapped) is at least
+  /// `value`. It gives up, and lets the stream go on, when `*abort` (a word of alloc_pinned memory)
+  /// is not 0, or after `timeout_ns`: then it first stores `on_timeout` (not 0) into `*abort`, so
+  /// that every later wait on the same word gives up at once and the host learns which wait it was.
+  /// The caller reads `*abort` once the stream is done: a wait that gave up is never silent.
+  virtual void wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
+                          std::uint32_t on_timeout, std::uint64_t timeout_ns) = 0;
 };
 
 }  // namespace chorus::device

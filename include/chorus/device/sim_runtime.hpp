@@ -131,6 +131,9 @@ class SimRuntime final : public Runtime {
   /// wait_flag's polling: from kFlagPollMin, doubling up to kFlagPollMax between loads.
   static constexpr std::chrono::microseconds kFlagPollMin{2};
   static constexpr std::chrono::microseconds kFlagPollMax{1000};
+  /// wait_value's polling: from kFlagPollMin, doubling up to kValuePollMax (a step of a direct
+  /// collective waits on it, so it answers sooner than wait_flag).
+  static constexpr std::chrono::microseconds kValuePollMax{100};
 
   explicit SimRuntime(std::size_t arena_bytes = kDefaultArenaBytes);
   ~SimRuntime() override;
@@ -173,23 +176,34 @@ class SimRuntime final : public Runtime {
                    Stream s) override;
   void finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) override;
   void wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) override;
+  void write_value(Stream s, std::uint64_t* word, std::uint64_t value) override;
+  void wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
+                  std::uint32_t on_timeout, std::uint64_t timeout_ns) override;
 
   // --- for tests -----------------------------------------------------------------------------
   /// Makes the n-th call of `call` from now (n >= 1) fail with `cuda_error`. Calls: alloc_device,
   /// alloc_pinned, create_stream, create_event (they throw at the call) and copy, fill, reduce,
-  /// reduce_many, finalize_avg, wait_flag (the operation fails inside its stream, whose next query or
-  /// synchronize throws). A later fail_after for the same call replaces the earlier one.
+  /// reduce_many, finalize_avg, wait_flag, write_value, wait_value (the operation fails inside its
+  /// stream, whose next query or synchronize throws). A later fail_after for the same call replaces the earlier one.
   /// Throws invalid_argument for another call name, n < 1 or cuda_error 0.
   void fail_after(std::string_view call, int n, int cuda_error);
+  /// Makes the n-th operation of `call` from now (n >= 1; one of the stream operations above)
+  /// hold its stream for `how_long` before it runs, as a slow kernel would: what the waits and
+  /// watchdogs of the callers do with a late peer. Throws invalid_argument for another call or
+  /// n < 1.
+  void stall_after(std::string_view call, int n, std::chrono::milliseconds how_long);
 
  private:
   struct StreamState;
   struct EventState;
-  enum class OpKind { copy, fill, reduce, reduce_many, finalize_avg, wait_flag, record, wait_event };
+  enum class OpKind {
+    copy, fill, reduce, reduce_many, finalize_avg, wait_flag, write_value, wait_value, record, wait_event
+  };
   struct Op {
     explicit Op(OpKind k) : kind(k) {}
     OpKind kind;
     int inject = 0;  ///< a CUDA error to fail with instead of running (fail_after)
+    std::chrono::milliseconds stall{0};  ///< how long to hold the stream before running (stall_after)
     void* dst = nullptr;
     const void* a = nullptr;
     const void* b = nullptr;
@@ -199,6 +213,7 @@ class SimRuntime final : public Runtime {
     ReduceOp op = ReduceOp::sum;
     DataType dt = DataType::uint8;
     std::uint64_t timeout_ns = 0;
+    std::uint64_t word_value = 0;  ///< write_value: what is stored; wait_value: what is waited for
     std::shared_ptr<EventState> event;    ///< record
     std::uint64_t generation = 0;         ///< record: which record of the event this is
     std::shared_ptr<StreamState> target;  ///< wait_event: the stream waited for ...
@@ -249,6 +264,10 @@ class SimRuntime final : public Runtime {
   void execute(StreamState& st, Op& op, std::unique_lock<std::mutex>& lk);
   void execute_memory(StreamState& st, Op& op, std::unique_lock<std::mutex>& lk);
   void wait_for_flag(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk);
+  void store_word(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk);
+  void wait_for_value(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk);
+  /// Empty when p is an aligned word of `bytes` inside one live device allocation, else why not.
+  std::string check_device_word(const void* p, std::size_t bytes, std::string_view what) const;
   /// Waits until every stream has passed what was enqueued on it before this call.
   void drain(std::unique_lock<std::mutex>& lk);
   void reap_retired();
@@ -288,6 +307,7 @@ class SimRuntime final : public Runtime {
   std::vector<std::shared_ptr<StreamState>> retired_;  ///< destroyed, worker not yet joined
   std::map<const EventState*, std::shared_ptr<EventState>> events_;
   std::map<std::string, Injection, std::less<>> injections_;
+  std::map<std::string, std::pair<int, std::chrono::milliseconds>, std::less<>> stalls_;  ///< call -> (n, how long)
 };
 
 }  // namespace chorus::device

@@ -76,6 +76,13 @@ class DeviceExecutor final : public Executor {
   void finalize_avg(DataType dt, std::byte* data, std::size_t count, int ranks) override {
     if (count != 0) rt_.finalize_avg(dt, data, count, ranks, stream_);
   }
+  /// The step flags of the direct collectives (algo/ipc.hpp), on this executor's stream.
+  void write_value(std::uint64_t* word, std::uint64_t value) { rt_.write_value(stream_, word, value); }
+  void wait_value(const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort, std::uint32_t on_timeout,
+                  std::chrono::milliseconds timeout) {
+    rt_.wait_value(stream_, word, value, abort, on_timeout, static_cast<std::uint64_t>(timeout.count()) * 1000000u);
+  }
+  device::Stream stream() const { return stream_; }
   std::byte* slots(std::size_t n) override { return grow(slots_, n); }
   std::byte* work(std::size_t n) override { return grow(work_, n); }
 
@@ -142,15 +149,23 @@ class DeviceExecutor final : public Executor {
   /// Blocks until the stream has done everything issued, polling (a short spin, then sleeps
   /// growing to 1 ms) so that a wait is bounded by the timeout.
   void wait_stream() {
+    wait_stream(timeout_, [] { return true; });
+  }
+  /// wait_stream bounded by `timeout`, calling watch() between polls: it may throw, or return
+  /// false to stop the wait early (the stream not yet done; the caller decides what follows).
+  /// True when the stream is done.
+  template <class Watch>
+  bool wait_stream(std::chrono::milliseconds timeout, const Watch& watch) {
     rt_.record(done_, stream_);
-    if (rt_.query(done_)) return;
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    if (rt_.query(done_)) return true;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::chrono::microseconds nap{0};
     for (int spins = 0;; ++spins) {
-      if (rt_.query(done_)) return;
+      if (rt_.query(done_)) return true;
+      if (!watch()) return false;
       if (std::chrono::steady_clock::now() > deadline)
         throw Error(ErrorCode::timeout, ErrorContext{},
-                    "the device stream did not finish its work within " + std::to_string(timeout_.count()) +
+                    "the device stream did not finish its work within " + std::to_string(timeout.count()) +
                         " ms (CHORUS_TIMEOUT)");
       if (spins < 64) {
         std::this_thread::yield();

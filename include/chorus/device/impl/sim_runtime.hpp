@@ -26,7 +26,7 @@ namespace chorus::device {
 namespace detail {
 inline constexpr std::string_view kSimCalls[] = {"alloc_device", "alloc_pinned", "create_stream", "create_event",
                                                  "copy",         "fill",         "reduce",        "reduce_many",
-                                                 "finalize_avg", "wait_flag"};
+                                                 "finalize_avg", "wait_flag",     "write_value",   "wait_value"};
 inline constexpr int kCudaInvalidValue = 1;
 inline constexpr int kCudaMemoryAllocation = 2;
 inline constexpr int kCudaInvalidDevice = 101;
@@ -41,7 +41,7 @@ constexpr std::string_view sim_call_name(std::string_view call) noexcept {
   if (call == "reduce") return "reduce_async";
   if (call == "reduce_many") return "reduce_many_async";
   if (call == "finalize_avg") return "finalize_avg_async";
-  if (call == "wait_flag") return "cudaLaunchKernel";
+  if (call == "wait_flag" || call == "write_value" || call == "wait_value") return "cudaLaunchKernel";
   if (call == "alloc_device") return "cudaMalloc";
   if (call == "alloc_pinned") return "cudaHostAlloc";
   if (call == "create_stream") return "cudaStreamCreateWithFlags";
@@ -153,6 +153,15 @@ inline void SimRuntime::fail_after(std::string_view call, int n, int cuda_error)
     throw Error(ErrorCode::invalid_argument, "SimRuntime::fail_after: n must be >= 1 and the error not 0");
   std::lock_guard lk(mu_);
   injections_.insert_or_assign(std::string(call), Injection{n, cuda_error});
+}
+
+inline void SimRuntime::stall_after(std::string_view call, int n, std::chrono::milliseconds how_long) {
+  const auto first_stream_call = std::begin(detail::kSimCalls) + 4;  // after the allocations and creations
+  if (std::find(first_stream_call, std::end(detail::kSimCalls), call) == std::end(detail::kSimCalls) || n < 1)
+    throw Error(ErrorCode::invalid_argument, "SimRuntime::stall_after: '" + std::string(call) +
+                                                 "' is not a stream operation of the simulation, or n < 1");
+  std::lock_guard lk(mu_);
+  stalls_.insert_or_assign(std::string(call), std::pair{n, how_long});
 }
 
 inline int SimRuntime::take_injection(std::string_view call) {
@@ -628,6 +637,10 @@ inline void SimRuntime::enqueue(Stream s, std::string_view call, Op op) {
   auto st = stream_of(s, detail::sim_call_name(call));
   throw_if_failed(*st);
   op.inject = take_injection(call);
+  if (auto it = stalls_.find(call); it != stalls_.end() && --it->second.first == 0) {
+    op.stall = it->second.second;
+    stalls_.erase(it);
+  }
   st->queue.push_back(std::move(op));
   ++st->enqueued;
   st->cv.notify_one();
@@ -718,6 +731,40 @@ inline void SimRuntime::wait_flag(Stream s, const std::uint32_t* flag, std::uint
   enqueue(s, "wait_flag", std::move(op));
 }
 
+inline void SimRuntime::write_value(Stream s, std::uint64_t* word, std::uint64_t value) {
+  {
+    std::lock_guard lk(mu_);
+    const std::string why = check_device_word(word, sizeof *word, "write_value: the word");
+    if (!why.empty()) throw detail::cuda_error("cudaLaunchKernel", detail::kCudaInvalidValue, why);
+  }
+  Op op(OpKind::write_value);
+  op.dst = word;
+  op.word_value = value;
+  enqueue(s, "write_value", std::move(op));
+}
+
+inline void SimRuntime::wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
+                                   std::uint32_t on_timeout, std::uint64_t timeout_ns) {
+  {
+    std::lock_guard lk(mu_);
+    std::string why = check_device_word(word, sizeof *word, "wait_value: the word");
+    const auto* pin = pinned_allocation(abort);
+    if (why.empty() && (abort == nullptr || reinterpret_cast<std::uintptr_t>(abort) % alignof(std::uint32_t) != 0 ||
+                        pin == nullptr ||
+                        reinterpret_cast<std::uintptr_t>(abort) + sizeof(std::uint32_t) > pin->first + pin->second))
+      why = "wait_value: the abort word " + detail::hex(abort) + " is not an aligned word of pinned memory";
+    if (why.empty() && on_timeout == 0) why = "wait_value: on_timeout is 0";
+    if (!why.empty()) throw detail::cuda_error("cudaLaunchKernel", detail::kCudaInvalidValue, why);
+  }
+  Op op(OpKind::wait_value);
+  op.a = word;
+  op.b = abort;
+  op.word_value = value;
+  op.value = static_cast<int>(on_timeout);
+  op.timeout_ns = timeout_ns;
+  enqueue(s, "wait_value", std::move(op));
+}
+
 // --- the workers ---------------------------------------------------------------------------------
 
 inline void SimRuntime::run(const std::shared_ptr<StreamState>& st) {
@@ -728,7 +775,8 @@ inline void SimRuntime::run(const std::shared_ptr<StreamState>& st) {
     if (st->queue.empty()) break;  // closing, and nothing left
     Op op = std::move(st->queue.front());
     st->queue.pop_front();
-    if (!st->error) execute(*st, op, lk);
+    if (op.stall.count() > 0) st->cv.wait_for(lk, op.stall, [&] { return stopping_; });
+    if (!st->error && !stopping_) execute(*st, op, lk);
     ++st->completed;
     progress_.notify_all();
   }
@@ -755,6 +803,17 @@ inline void SimRuntime::execute(StreamState& st, Op& op, std::unique_lock<std::m
         return;
       }
       wait_for_flag(st, op, lk);
+      return;
+    case OpKind::write_value:
+    case OpKind::wait_value:
+      if (op.inject != 0) {
+        st.error = StreamError{op.inject, detail::cuda_error_text("cudaLaunchKernel", op.inject, "injected")};
+        return;
+      }
+      if (op.kind == OpKind::write_value)
+        store_word(st, op, lk);
+      else
+        wait_for_value(st, op, lk);
       return;
     default: execute_memory(st, op, lk); return;
   }
@@ -840,6 +899,50 @@ inline void SimRuntime::wait_for_flag(StreamState& st, const Op& op, std::unique
   }
 }
 
+inline void SimRuntime::store_word(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
+  // Under mu_: the allocation cannot be unmapped between the check and the store. The work
+  // before it on this stream is done (one worker runs the stream in order): the release store
+  // publishes its writes to the processes that map the word.
+  const std::string why = check_device_word(op.dst, sizeof(std::uint64_t), "write_value: the word");
+  if (!why.empty()) {
+    st.error = StreamError{detail::kCudaIllegalAddress,
+                           detail::cuda_error_text("cudaLaunchKernel", detail::kCudaIllegalAddress, why)};
+    return;
+  }
+  (void)lk;
+  std::atomic_ref<std::uint64_t>(*static_cast<std::uint64_t*>(op.dst)).store(op.word_value, std::memory_order_release);
+}
+
+inline void SimRuntime::wait_for_value(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(op.timeout_ns);
+  auto pause = std::chrono::duration_cast<std::chrono::nanoseconds>(kFlagPollMin);
+  auto* word = const_cast<std::uint64_t*>(static_cast<const std::uint64_t*>(op.a));
+  auto* abort = const_cast<std::uint32_t*>(static_cast<const std::uint32_t*>(op.b));
+  for (;;) {
+    if (stopping_) return;
+    // Under mu_: neither the word's mapping nor the abort word can go between these checks and
+    // the loads.
+    std::string why = check_device_word(word, sizeof *word, "wait_value: the word");
+    if (why.empty() && pinned_allocation(abort) == nullptr) why = "wait_value: the abort word's pinned memory was freed";
+    if (!why.empty()) {
+      st.error = StreamError{detail::kCudaIllegalAddress,
+                             detail::cuda_error_text("cudaLaunchKernel", detail::kCudaIllegalAddress, why)};
+      return;
+    }
+    if (std::atomic_ref<std::uint64_t>(*word).load(std::memory_order_acquire) >= op.word_value) return;
+    std::atomic_ref<std::uint32_t> gave_up(*abort);
+    if (gave_up.load(std::memory_order_acquire) != 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      gave_up.store(static_cast<std::uint32_t>(op.value), std::memory_order_release);
+      return;
+    }
+    const auto step = std::min<std::chrono::nanoseconds>(pause, deadline - now);
+    st.cv.wait_for(lk, step, [&] { return stopping_; });
+    pause = std::min<std::chrono::nanoseconds>(pause * 2, kValuePollMax);
+  }
+}
+
 // --- checks --------------------------------------------------------------------------------------
 
 inline std::string SimRuntime::check_device_range(const void* p, std::size_t bytes, std::string_view what) const {
@@ -850,6 +953,12 @@ inline std::string SimRuntime::check_device_range(const void* p, std::size_t byt
       bytes > a->second.bytes - (reinterpret_cast<std::uintptr_t>(p) - a->first))
     return range + " runs past the end of its device allocation (" + std::to_string(a->second.bytes) + " bytes)";
   return {};
+}
+
+inline std::string SimRuntime::check_device_word(const void* p, std::size_t bytes, std::string_view what) const {
+  if (reinterpret_cast<std::uintptr_t>(p) % bytes != 0)
+    return std::string(what) + " " + detail::hex(p) + " is not aligned to " + std::to_string(bytes) + " bytes";
+  return check_device_range(p, bytes, what);
 }
 
 inline std::string SimRuntime::check_any_range(const void* p, std::size_t bytes, std::string_view what) const {
