@@ -52,7 +52,7 @@ chorus::test::ProcessOptions options(std::set<int> killed = {}) {
 template <class Comm>
 void expect_window(Comm& comm, bool made, const std::string& where) {
   const std::size_t got = comm.memory_stats().ipc_window_bytes;
-  expect(got == (made ? 2 * kSlot : 0), where + ": ipc window of " + std::to_string(got) + " bytes, expected " +
+  expect(got == (made ? 2 * kSlot + chorus::cuda_ipc::kFlagBytes : 0), where + ": ipc window of " + std::to_string(got) + " bytes, expected " +
                                             (made ? "two slots (the direct path ran)" : "none (the staged path)"));
 }
 
@@ -227,6 +227,62 @@ TEST_CASE("cuda_ipc: a rank killed while the others wait fails them with peer_fa
         expect_error(ErrorCode::peer_failure, [&] { r.all_reduce().wait(); }, "the call after");
       },
       options({2}));
+}
+
+// Calls of 5000 floats take several steps (slots of 4 KiB): all but the first are synchronised on
+// the device through the windows' step flags. Rank 2's stream fails in its first flag store of
+// the next call: it gets the launch failure, aborts, and the others, whose devices wait on its
+// flag, get peer_failure from the host's watch, well before the timeout (60 s), naming it (or the
+// other survivor, where that one noticed first and aborted).
+TEST_CASE("cuda_ipc: a rank whose stream fails in a device-synchronised step fails the others, world 3") {
+  chorus::test::run_processes(
+      3,
+      [](int rank, chorus::Options o) {
+        FailureRank r(o);
+        if (rank == 2) {
+          r.rt.fail_after("write_value", 1, 719);
+          auto e = expect_error(ErrorCode::system, [&] { r.all_reduce().wait(); }, "the rank whose stream failed");
+          expect(std::string(e.what()).find("cudaErrorLaunchFailure") != std::string::npos, e.what());
+          return;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        auto e = expect_error(ErrorCode::peer_failure, [&] { r.all_reduce().wait(); }, "all_reduce with a failed rank");
+        // It names rank 2, or the other survivor if that one noticed first and aborted.
+        const std::string text = e.what(), other = "rank " + std::to_string(1 - rank) + " failed";
+        expect(text.find("rank 2 failed") != std::string::npos || text.find(other) != std::string::npos,
+               "the error names the failed rank: " + text);
+        expect(std::chrono::steady_clock::now() - t0 < 20s, "the failure was noticed within 20 s");
+      },
+      options());
+}
+
+// Rank 2's stream is held 12 s in its first flag store of the next call (a slow kernel), with a
+// timeout of 4 s: the others' device waits on its flag give up after the timeout and their calls
+// fail with timeout naming rank 2; rank 2 fails too (its peers aborted). Nothing waits forever.
+TEST_CASE("cuda_ipc: a device wait on a late rank's step flag times out naming it, world 3") {
+  auto opts = options();
+  opts.comm_timeout = 4s;
+  chorus::test::run_processes(
+      3,
+      [](int rank, chorus::Options o) {
+        FailureRank r(o);
+        if (rank == 2) {
+          r.rt.stall_after("write_value", 1, 12s);
+          try {
+            r.all_reduce().wait();
+            expect(false, "the late rank's call succeeded after its peers gave up");
+          } catch (const chorus::Error&) {
+          }
+          return;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        auto e = expect_error(ErrorCode::timeout, [&] { r.all_reduce().wait(); }, "all_reduce with a late rank");
+        const std::string text = e.what();
+        expect(text.find("rank 2") != std::string::npos && text.find("step flag") != std::string::npos,
+               "the error names rank 2 and the step flag: " + text);
+        expect(std::chrono::steady_clock::now() - t0 < 12s, "the timeout came before the late rank's store");
+      },
+      opts);
 }
 
 /// How many simulated IPC memfds this process maps: its own exported window and the peers' it

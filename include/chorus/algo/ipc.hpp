@@ -1,26 +1,40 @@
 #pragma once
-/// Collectives on device buffers by direct reads of the peers' IPC windows
-/// (transport/cuda_ipc/window.hpp), for a communicator whose every peer is reached over cuda_ipc:
-/// the idea of NCCL's intranode protocols and of the "one-shot" and "two-shot" all-reduce of
-/// TensorRT-LLM and vLLM, synchronised on the host through the shm links' mailboxes.
+/// Collectives on device buffers through the peers' IPC windows (transport/cuda_ipc/window.hpp),
+/// for a communicator whose every peer is reached over cuda_ipc: the idea of NCCL's intranode
+/// protocols and of the "one-shot" and "two-shot" all-reduce of TensorRT-LLM and vLLM.
 ///
-/// A collective is a sequence of steps. In a step each rank writes what its peers need into its
-/// own window (device copies or kernels on its stream), drains its stream, and takes part in a
-/// mailbox exchange with every peer (algo/one_shot.hpp: the call's descriptor, checked, so ranks
-/// in different collectives get mismatch); after it, every rank reads its peers' data straight
-/// from their windows (copies and reduce kernels on its own stream). The reads of step k and
-/// the writes of step k + 1 are issued together, before the next exchange.
+/// A collective is a sequence of steps. In a step each rank writes what its peers need into the
+/// windows (device copies or kernels on its stream), the ranks synchronise, and then each reads
+/// what it needs straight from its peers' windows (copies and reduce kernels on its own stream).
+/// The reads of step k and the writes of step k + 1 are issued together.
 ///
-/// Why no read meets a write: the data of step k goes to slot k % 2. A rank writes it after the
-/// exchange of step k - 1 completed, that is after every peer posted step k - 1, which a peer does
-/// only once its stream has drained the reads of step k - 2: the last reads of that slot. And it
-/// is read only after the exchange of step k, once its owner's stream has drained the writes.
+/// Synchronisation:
+/// * The first step of a call is synchronised on the host: each rank drains its stream and
+///   takes part in a mailbox exchange with every peer (algo/one_shot.hpp) that carries the call's
+///   descriptor and its number of steps, so ranks in different collectives, or running different
+///   algorithms, get mismatch before any device work depends on the other ranks.
+/// * Every later step is synchronised on the device, with no host round trip: after its writes
+///   the rank's stream stores k + 1 into its window's step flag (write_value), then waits until
+///   every peer's flag, read through the mapping, is at least k + 1 (wait_value), then reads. The
+///   host enqueues the whole call at once, so the chunks of a large call follow one another on
+///   each device without returning to the host, and a rank starts chunk j + 1 as soon as its
+///   own reads of chunk j are done, while a slower peer may still be reading.
 ///
-/// | collective      | steps per chunk | what is read                                                     |
+/// Why no read meets a write: the data of step k goes to slot k % 2, and is read only once its
+/// writers finished it (the drain before the exchange, or the flag). Before anyone writes slot
+/// k % 2 again, at step k + 2, its readers of step k must be done: a rank's writes of step k + 2
+/// follow, on its stream or after its drain, its wait for every peer's flag of step k + 1 (or that
+/// peer's post of it), and a peer stores that flag (or posts) only after its stream has done its
+/// reads of step k. A rank also writes into a peer's slot: the all-gather half of two-shot writes
+/// its reduced block into block r of every peer's slot (k + 1) % 2 during the reads of step k,
+/// which follow the same wait, so the last reads of that slot (step k - 1) are over too.
+///
+/// | collective      | steps per chunk | what is read (and written)                                       |
 /// |-----------------|-----------------|------------------------------------------------------------------|
 /// | all_reduce 1-shot | 1             | every peer's chunk, reduced in rank order into out (one kernel)  |
-/// | all_reduce 2-shot | 2             | block r of every peer's chunk, reduced into the window; then     |
-/// |                 |                 | every peer's reduced block copied into out                       |
+/// | all_reduce 2-shot | 2             | block r of every peer's chunk, reduced into block r of this      |
+/// |                 |                 | rank's next slot and written into block r of every peer's next   |
+/// |                 |                 | slot; then this rank's own next slot, the whole chunk, into out  |
 /// | reduce          | 1               | at the root: every peer's chunk, reduced in rank order           |
 /// | broadcast       | 1               | the root's chunk                                                 |
 /// | all_gather, gather | 1            | every peer's chunk (gather: at the root)                         |
@@ -30,12 +44,16 @@
 /// Chunks are as large as one slot holds. Reductions run in rank order on every rank (the host
 /// one-shot's order), so all ranks get the same bits; avg divides once, at the end.
 ///
-/// Cost: every step drains the stream and synchronises on the host (no kernel waits on a flag,
-/// so nothing on the device can spin forever: every wait is a host wait bounded by the timeout,
-/// and a peer's death breaks its link, which ends the wait with peer_failure). Chunks follow
-/// one another; they are not overlapped.
+/// Failure: every device wait is bounded (the timeout; then it records which peer it waited
+/// for in the process's abort word, and every later wait gives up at once), and the host watches
+/// while the stream runs: a peer whose link breaks (it died, or failed and aborted) makes the host
+/// set the abort word, so the waits end, and the call fails with peer_failure naming it; a wait
+/// that timed out fails the call with timeout naming the peer. Nothing on the device spins
+/// forever. Cost: a call's first step drains the stream and crosses the host (about 10 us on a
+/// GPU host, an estimate); each later step costs a flag store and a wait on the device.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -97,21 +115,39 @@ class IpcCollective {
       throw Error(ErrorCode::aborted, ErrorContext{r_, -1, describe(desc_)},
                   "the IPC windows were closed when an earlier call failed");
     if (!w_.ready()) set_up();
-    switch (desc_.kind) {
-      case CollectiveKind::all_reduce: return alg == Algorithm::two_shot ? two_shot() : one_shot();
-      case CollectiveKind::reduce: return reduce();
-      case CollectiveKind::broadcast: return broadcast();
-      case CollectiveKind::all_gather: return gather_like(/*everyone=*/true);
-      case CollectiveKind::gather: return gather_like(/*everyone=*/false);
-      case CollectiveKind::reduce_scatter: return blocks(/*reduce=*/true, /*from_root=*/false);
-      case CollectiveKind::scatter: return blocks(/*reduce=*/false, /*from_root=*/true);
-      case CollectiveKind::all_to_all: return blocks(/*reduce=*/false, /*from_root=*/false);
-      case CollectiveKind::barrier:
-      case CollectiveKind::split: return exchange();
+    std::atomic_ref<std::uint32_t>(*w_.abort_word()).store(0, std::memory_order_release);
+    const bool two = desc_.kind == CollectiveKind::all_reduce && alg == Algorithm::two_shot;
+    const bool per_block = desc_.kind == CollectiveKind::reduce_scatter || desc_.kind == CollectiveKind::scatter ||
+                           desc_.kind == CollectiveKind::all_to_all;
+    const bool one_step = desc_.kind == CollectiveKind::barrier || desc_.kind == CollectiveKind::split;
+    planned_ = one_step ? 1 : chunk_count(a_.count, chunk_elems(per_block ? static_cast<std::size_t>(n_) : 1)) * (two ? 2 : 1);
+    try {
+      issue(two);
+    } catch (const Error&) {
+      // Device waits issued before the failure must not outlive the call: they give up now.
+      if (device_steps_) std::atomic_ref<std::uint32_t>(*w_.abort_word()).store(kHostAbort, std::memory_order_release);
+      throw;
     }
+    finish();
   }
 
  private:
+  /// Issues every step of the call.
+  void issue(bool two) {
+    switch (desc_.kind) {
+      case CollectiveKind::all_reduce: two ? two_shot() : one_shot(); break;
+      case CollectiveKind::reduce: reduce(); break;
+      case CollectiveKind::broadcast: broadcast(); break;
+      case CollectiveKind::all_gather: gather_like(/*everyone=*/true); break;
+      case CollectiveKind::gather: gather_like(/*everyone=*/false); break;
+      case CollectiveKind::reduce_scatter: blocks(/*reduce=*/true, /*from_root=*/false); break;
+      case CollectiveKind::scatter: blocks(/*reduce=*/false, /*from_root=*/true); break;
+      case CollectiveKind::all_to_all: blocks(/*reduce=*/false, /*from_root=*/false); break;
+      case CollectiveKind::barrier:
+      case CollectiveKind::split: exchange(); break;
+    }
+  }
+
   /// Every rank allocates and exports its window, sends the handle and its slot size through the
   /// mailboxes, and opens its peers'.
   void set_up() {
@@ -123,7 +159,7 @@ class IpcCollective {
       throw Error(ErrorCode::invalid_argument, ErrorContext{r_, -1, describe(desc_)},
                   "CHORUS_CUDA_IPC_SLOT_BYTES=" + std::to_string(w_.slot_bytes()) + " is too small for " +
                       std::to_string(n_) + " ranks (at least 16 bytes per rank)");
-    const Hello mine{w_.create(), w_.slot_bytes()};
+    const Hello mine{w_.create(x_.stream()), w_.slot_bytes()};
     mailbox_post(g_, desc_, sizeof(Hello), [&](std::byte* data) { std::memcpy(data, &mine, sizeof mine); });
     mailbox_wait(g_, desc_, sizeof(Hello), timeout_, on_stall_);
     for (int q = 0; q < n_; ++q) {
@@ -144,15 +180,73 @@ class IpcCollective {
     }
   }
 
-  /// Drains the stream (this step's writes are in the window, the last step's reads done) and
-  /// exchanges step `w_.step` with every peer.
+  /// Synchronises step `w_.step` (this step's writes issued, the last step's reads before them):
+  /// the call's first step on the host (the stream drained, a mailbox exchange that carries the
+  /// descriptor and the call's number of steps), every later one on the device (this rank's flag
+  /// stored behind its writes, then a wait for every peer's).
   void exchange() {
-    x_.wait_stream();
-    mailbox_post(g_, desc_, steps_, [](std::byte*) {});
-    mailbox_wait(g_, desc_, steps_, timeout_, on_stall_);
+    if (steps_ == 0) {
+      x_.wait_stream();
+      mailbox_post(g_, desc_, planned_, [](std::byte*) {});
+      mailbox_wait(g_, desc_, planned_, timeout_, on_stall_);
+    } else {
+      const std::uint64_t flag = w_.step + 1;
+      x_.write_value(w_.ready(r_), flag);
+      for (int q = 0; q < n_; ++q)
+        if (q != r_) x_.wait_value(w_.ready(q), flag, w_.abort_word(), static_cast<std::uint32_t>(q) + 1, timeout_);
+      device_steps_ = true;
+    }
     ++steps_;
     ++w_.step;
   }
+
+  /// Waits for the stream where device steps were issued, watching the peers: a broken link sets
+  /// the abort word (the device waits give up) and fails the call with peer_failure; a device wait
+  /// that timed out fails it with timeout. Either way the stream is done before this throws, so
+  /// nothing reads or writes a window afterwards.
+  void finish() {
+    if (!device_steps_) return;
+    std::atomic_ref<std::uint32_t> abort(*w_.abort_word());
+    int broken = -1;
+    auto stall_check = std::chrono::steady_clock::now() + Channel<T>::kStallCheck;
+    const auto watch = [&] {
+      for (int q = 0; q < n_; ++q)
+        if (q != r_ && mailbox_link(g_, q).broken()) {
+          broken = q;
+          return false;
+        }
+      if (const auto now = std::chrono::steady_clock::now(); now >= stall_check) {
+        on_stall_(desc_);
+        stall_check = now + Channel<T>::kStallCheck;
+      }
+      return true;
+    };
+    bool done = false;
+    try {
+      // The device waits give up after the timeout each, and the first that does makes every
+      // later one give up at once: the stream ends within about one timeout. The host's bound
+      // is a second line.
+      done = x_.wait_stream(2 * timeout_ + std::chrono::seconds(1), watch);
+    } catch (const Error&) {
+      abort.store(kHostAbort, std::memory_order_release);
+      throw;
+    }
+    if (!done) {
+      abort.store(kHostAbort, std::memory_order_release);
+      x_.wait_stream();  // the waits give up at once now
+      const std::string why = mailbox_link(g_, broken).failure().second;
+      throw Error(ErrorCode::peer_failure, ErrorContext{r_, broken, describe(desc_)},
+                  "rank " + std::to_string(broken) + " failed while this rank's device waited for its data: " + why);
+    }
+    if (const std::uint32_t gave_up = abort.load(std::memory_order_acquire); gave_up != 0) {
+      const int q = static_cast<int>(gave_up) - 1;
+      throw Error(ErrorCode::timeout, ErrorContext{r_, q, describe(desc_)},
+                  "this rank's device waited more than " + std::to_string(timeout_.count()) + " ms for the data of rank " +
+                      std::to_string(q) + " (a step flag in its IPC window; CHORUS_TIMEOUT)");
+    }
+  }
+  /// The host's value in the abort word (a device wait stores 1 + the peer it waited for).
+  static constexpr std::uint32_t kHostAbort = 0xffffffffu;
   /// Slot of rank q with the data of the step just exchanged; this rank's slot for the next.
   std::byte* last(int q) const { return w_.slot(q, w_.step - 1); }
   std::byte* next() const { return w_.slot(r_, w_.step); }
@@ -183,6 +277,9 @@ class IpcCollective {
   std::size_t chunk_elems(std::size_t per) const { return std::max<std::size_t>(1, w_.slot_bytes() / (es_ * per)); }
   /// Calls body(offset, elems) for each chunk of `count` elements; one empty chunk when count is 0
   /// (every call takes at least one step: a mismatch is still found).
+  static std::size_t chunk_count(std::size_t count, std::size_t per_chunk) {
+    return count == 0 ? 1 : (count + per_chunk - 1) / per_chunk;
+  }
   template <class Body>
   static void chunks(std::size_t count, std::size_t per_chunk, const Body& body) {
     if (count == 0) return body(std::size_t{0}, std::size_t{0});
@@ -205,14 +302,15 @@ class IpcCollective {
     chunks(a_.count, chunk_elems(1), [&](std::size_t off, std::size_t c) {
       a_.x().copy(next(), a_.in + bytes(off), bytes(c));
       exchange();
+      // Reduce-scatter by reads: block r of every peer's chunk, reduced into block r of this
+      // rank's next slot; all-gather by writes: that block into block r of every peer's next slot.
       const auto mine = block(c, r_);
       const std::size_t lo = mine.first, hi = mine.second;  // (named, not bound: lambdas capture them)
       reduce_all(next() + bytes(lo), [&](int q) { return last(q) + bytes(lo); }, hi - lo);
+      for (int q = 0; q < n_; ++q)
+        if (q != r_) a_.x().copy(w_.slot(q, w_.step) + bytes(lo), next() + bytes(lo), bytes(hi - lo));
       exchange();
-      for (int q = 0; q < n_; ++q) {
-        const auto theirs = block(c, q);
-        a_.x().copy(a_.out + bytes(off + theirs.first), last(q) + bytes(theirs.first), bytes(theirs.second - theirs.first));
-      }
+      a_.x().copy(a_.out + bytes(off), last(r_), bytes(c));
     });
   }
   void reduce() {
@@ -268,7 +366,9 @@ class IpcCollective {
   const OnStall& on_stall_;
   const int n_, r_;
   const std::size_t es_;
-  std::size_t steps_ = 0;  ///< steps of this call (each exchange says which it is)
+  std::size_t steps_ = 0;    ///< steps of this call taken
+  std::size_t planned_ = 0;  ///< ... and to take (every rank checks the others plan the same)
+  bool device_steps_ = false;
 };
 
 }  // namespace chorus::algo

@@ -155,7 +155,7 @@ struct Communicator<T>::State {
   cuda_ipc::Windows& ipc_windows() {
     if (!windows) {
       windows = std::make_unique<cuda_ipc::Windows>(*runtime, group.rank, group.size(), ipc_slot_bytes);
-      window_bytes.store(2 * windows->slot_bytes(), std::memory_order_relaxed);
+      window_bytes.store(windows->bytes(), std::memory_order_relaxed);
     }
     return *windows;
   }

@@ -6,9 +6,10 @@
 /// socket names apart from the shm candidate's), so host buffers and the staged device path move
 /// exactly as over shm. What it adds is the fact that each pair may map the other's device
 /// memory: a communicator whose every peer is reached over cuda_ipc runs its collectives on
-/// device buffers by direct reads of its peers' IPC windows (transport/cuda_ipc/window.hpp,
-/// algo/ipc.hpp), synchronised through the shm links' mailboxes, instead of staging every byte
-/// through pinned host memory twice.
+/// device buffers through its peers' IPC windows (transport/cuda_ipc/window.hpp, algo/ipc.hpp):
+/// direct reads and writes, a call's first step synchronised through the shm links' mailboxes and
+/// its later ones through flags in the windows, instead of staging every byte through pinned host
+/// memory twice.
 ///
 /// Reachability (PeerInfo fact, local_fact): "ok:<runtime>:<device>:<access>" where <access> has
 /// a '1' for each device this rank's device can map (itself included), or "no:<why>". A pair is
@@ -108,9 +109,11 @@ class Transport {
   /// Host messages ride shm links: the shm model. The direct collectives on device memory have
   /// their own (kDirectModel).
   static constexpr TransportModel kModel = shm::Transport::kModel;
-  /// One step of a direct collective: a drain of the device stream and a mailbox exchange on the
-  /// host (about 10 us on a GPU host: an estimate, not measured here), then reads of peer memory
-  /// (200 GB/s: an estimate for one device's memory or NVLink, not measured here).
+  /// One step of a direct collective: at most a drain of the device stream and a mailbox exchange
+  /// on the host (about 10 us on a GPU host: an estimate, not measured here; the steps after a
+  /// call's first cost a flag store and wait on the device, less, which the model does not count),
+  /// then reads of peer memory (200 GB/s: an estimate for one device's memory or NVLink, not
+  /// measured here).
   static constexpr TransportModel kDirectModel{10e-6, 1.0 / 200e9, 0};
 
   /// This rank's device facts (see the top of the file).
