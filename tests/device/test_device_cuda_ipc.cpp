@@ -105,17 +105,18 @@ void all_reduce_forced(int world, const std::string& algo) {
 
 /// One rank of the failure tests: a simulated runtime (the default while it lives), a
 /// communicator over cuda_ipc, a stream and `n` zeroed floats of device memory, after one direct
-/// all_reduce has set the windows up.
+/// all_reduce has set the windows up (unless `set_up` is false).
 struct FailureRank {
   static constexpr std::size_t n = 5000;
   SimRuntime rt;
   IpcComm comm;
   Stream s;
   float* buf;
-  explicit FailureRank(const chorus::Options& o)
+  explicit FailureRank(const chorus::Options& o, bool set_up = true)
       : comm((chorus::device::set_default_runtime(&rt), IpcComm::create(o))), s(rt.create_stream()),
         buf(static_cast<float*>(rt.alloc_device(n * sizeof(float)))) {
     rt.fill(buf, 0, n * sizeof(float), s);
+    if (!set_up) return;
     all_reduce().wait();
     expect_window(comm, true, "before the failure");
   }
@@ -227,6 +228,21 @@ TEST_CASE("cuda_ipc: a rank killed while the others wait fails them with peer_fa
         expect_error(ErrorCode::peer_failure, [&] { r.all_reduce().wait(); }, "the call after");
       },
       options({2}));
+}
+
+// Rank 0 forces two-shot and rank 1 one-shot: the same call takes 10 steps on one and 5 on the
+// other (slots of 4 KiB), which the first step's mailbox exchange compares, so both get mismatch
+// before any device wait could wait for a step the other never takes.
+TEST_CASE("cuda_ipc: ranks that run different algorithms for a call get mismatch, world 2") {
+  chorus::test::run_processes(
+      2,
+      [](int rank, chorus::Options o) {
+        o.algorithm = rank == 0 ? "two_shot" : "one_shot";
+        FailureRank r(o, /*set_up=*/false);
+        auto e = expect_error(ErrorCode::mismatch, [&] { r.all_reduce().wait(); }, "differing algorithms");
+        expect(std::string(e.what()).find("different algorithms") != std::string::npos, e.what());
+      },
+      options());
 }
 
 // Calls of 5000 floats take several steps (slots of 4 KiB): all but the first are synchronised on
