@@ -185,6 +185,7 @@ class IpcCollective {
   /// descriptor and the call's number of steps), every later one on the device (this rank's flag
   /// stored behind its writes, then a wait for every peer's).
   void exchange() {
+    x_.join();  // a prefetched write is part of this step's writes
     if (steps_ == 0) {
       x_.wait_stream();
       mailbox_post(g_, desc_, planned_, [](std::byte*) {});
@@ -291,16 +292,49 @@ class IpcCollective {
     return {c * Q / N, c * (Q + 1) / N};
   }
 
+  /// Copies into the windows: on the main stream, or on the side stream for a prefetch.
+  void put(std::byte* dst, const std::byte* src, std::size_t n, bool side) {
+    if (side)
+      x_.side_copy(dst, src, n);
+    else
+      a_.x().copy(dst, src, n);
+  }
+  /// Runs the call chunk by chunk. write(off, c, side) puts chunk [off, off + c)'s data for its
+  /// first step into this rank's next slot; steps(off, c, prefetch) takes the chunk's steps and
+  /// reads, and calls prefetch() right after its last exchange: that issues the next chunk's write
+  /// on the side stream, into the slot whose readers that exchange has seen done, so it overlaps
+  /// this chunk's reads; the next exchange joins it first.
+  template <class Write, class Steps>
+  void pipelined(std::size_t per_chunk, const Write& write, const Steps& steps) {
+    const std::size_t count = a_.count;
+    write(std::size_t{0}, std::min(per_chunk, count), false);
+    chunks(count, per_chunk, [&](std::size_t off, std::size_t c) {
+      const auto prefetch = [&] {
+        const std::size_t next = off + c;
+        if (next >= count) return;
+        x_.fork();
+        write(next, std::min(per_chunk, count - next), true);
+      };
+      steps(off, c, prefetch);
+    });
+  }
+  /// The write of the collectives whose first step holds the input's chunk (all but the per-block
+  /// ones): every rank's, or the root's alone.
+  auto chunk_write(bool root_only) {
+    return [this, root_only](std::size_t off, std::size_t c, bool side) {
+      if (!root_only || r_ == a_.root) put(next(), a_.in + bytes(off), bytes(c), side);
+    };
+  }
+
   void one_shot() {
-    chunks(a_.count, chunk_elems(1), [&](std::size_t off, std::size_t c) {
-      a_.x().copy(next(), a_.in + bytes(off), bytes(c));
+    pipelined(chunk_elems(1), chunk_write(false), [&](std::size_t off, std::size_t c, const auto& prefetch) {
       exchange();
+      prefetch();
       reduce_all(a_.out + bytes(off), [&](int q) { return last(q); }, c);
     });
   }
   void two_shot() {
-    chunks(a_.count, chunk_elems(1), [&](std::size_t off, std::size_t c) {
-      a_.x().copy(next(), a_.in + bytes(off), bytes(c));
+    pipelined(chunk_elems(1), chunk_write(false), [&](std::size_t off, std::size_t c, const auto& prefetch) {
       exchange();
       // Reduce-scatter by reads: block r of every peer's chunk, reduced into block r of this
       // rank's next slot; all-gather by writes: that block into block r of every peer's next slot.
@@ -310,28 +344,29 @@ class IpcCollective {
       for (int q = 0; q < n_; ++q)
         if (q != r_) a_.x().copy(w_.slot(q, w_.step) + bytes(lo), next() + bytes(lo), bytes(hi - lo));
       exchange();
+      prefetch();
       a_.x().copy(a_.out + bytes(off), last(r_), bytes(c));
     });
   }
   void reduce() {
-    chunks(a_.count, chunk_elems(1), [&](std::size_t off, std::size_t c) {
-      a_.x().copy(next(), a_.in + bytes(off), bytes(c));
+    pipelined(chunk_elems(1), chunk_write(false), [&](std::size_t off, std::size_t c, const auto& prefetch) {
       exchange();
+      prefetch();
       if (r_ == a_.root) reduce_all(a_.out + bytes(off), [&](int q) { return last(q); }, c);
     });
   }
   void broadcast() {
-    chunks(a_.count, chunk_elems(1), [&](std::size_t off, std::size_t c) {
-      if (r_ == a_.root) a_.x().copy(next(), a_.in + bytes(off), bytes(c));
+    pipelined(chunk_elems(1), chunk_write(true), [&](std::size_t off, std::size_t c, const auto& prefetch) {
       exchange();
-      if (r_ != a_.root) a_.x().copy(a_.out + bytes(off), last(a_.root) + bytes(0), bytes(c));
+      prefetch();
+      if (r_ != a_.root) a_.x().copy(a_.out + bytes(off), last(a_.root), bytes(c));
     });
   }
   /// all_gather (everyone) and gather (the root): every rank's chunk lands in block q of out.
   void gather_like(bool everyone) {
-    chunks(a_.count, chunk_elems(1), [&](std::size_t off, std::size_t c) {
-      a_.x().copy(next(), a_.in + bytes(off), bytes(c));
+    pipelined(chunk_elems(1), chunk_write(false), [&](std::size_t off, std::size_t c, const auto& prefetch) {
       exchange();
+      prefetch();
       if (!everyone && r_ != a_.root) return;
       for (int q = 0; q < n_; ++q)
         a_.x().copy(a_.out + bytes(static_cast<std::size_t>(q) * a_.count + off), last(q), bytes(c));
@@ -340,12 +375,15 @@ class IpcCollective {
   /// reduce_scatter, scatter and all_to_all: in holds n blocks of count; each chunk puts the same
   /// part of every block into the slot (block q at q * c), and rank r reads block r.
   void blocks(bool reduce, bool from_root) {
-    chunks(a_.count, chunk_elems(static_cast<std::size_t>(n_)), [&](std::size_t off, std::size_t c) {
-      if (!from_root || r_ == a_.root)
-        for (int q = 0; q < n_; ++q)
-          a_.x().copy(next() + bytes(static_cast<std::size_t>(q) * c), a_.in + bytes(static_cast<std::size_t>(q) * a_.count + off),
-                      bytes(c));
+    const auto write = [&](std::size_t off, std::size_t c, bool side) {
+      if (from_root && r_ != a_.root) return;
+      for (int q = 0; q < n_; ++q)
+        put(next() + bytes(static_cast<std::size_t>(q) * c), a_.in + bytes(static_cast<std::size_t>(q) * a_.count + off),
+            bytes(c), side);
+    };
+    pipelined(chunk_elems(static_cast<std::size_t>(n_)), write, [&](std::size_t off, std::size_t c, const auto& prefetch) {
       exchange();
+      prefetch();
       const std::size_t mine = bytes(static_cast<std::size_t>(r_) * c);
       if (reduce)
         reduce_all(a_.out + bytes(off), [&](int q) { return last(q) + mine; }, c);

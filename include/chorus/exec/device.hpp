@@ -51,12 +51,42 @@ class DeviceExecutor final : public Executor {
       for (auto& blk : blocks_) rt_.free_pinned(blk.p);
       rt_.destroy_event(done_);
       rt_.destroy_stream(stream_);
+      if (side_ != nullptr) {
+        rt_.destroy_event(fork_);
+        rt_.destroy_event(join_);
+        rt_.destroy_stream(side_);
+      }
     } catch (...) {  // destruction never throws
     }
   }
 
   /// Work issued from now on waits for `ready` (an event recorded on the caller's stream).
   void after(device::Event ready) { rt_.wait(stream_, ready); }
+
+  /// A second stream, for work that may overlap the main stream's (algo/ipc.hpp: the copy of a
+  /// call's next chunk into its window while this chunk is reduced). After fork(), side_copy work
+  /// follows everything issued on the main stream so far; after join(), main-stream work follows
+  /// everything issued on the side. wait_stream() joins first, so it covers both.
+  void fork() {
+    if (side_ == nullptr) {
+      side_ = rt_.create_stream();
+      fork_ = rt_.create_event();
+      join_ = rt_.create_event();
+    }
+    rt_.record(fork_, stream_);
+    rt_.wait(side_, fork_);
+    side_open_ = true;
+  }
+  void side_copy(std::byte* dst, const std::byte* src, std::size_t n) {
+    if (dst != src && n != 0) rt_.copy(dst, src, n, side_);
+  }
+  void join() {
+    if (!side_open_) return;
+    side_open_ = false;
+    rt_.record(join_, side_);
+    rt_.wait(stream_, join_);
+    side_joined_ = true;
+  }
 
   void copy(std::byte* dst, const std::byte* src, std::size_t n) override {
     if (dst != src && n != 0) rt_.copy(dst, src, n, stream_);
@@ -156,12 +186,13 @@ class DeviceExecutor final : public Executor {
   /// True when the stream is done.
   template <class Watch>
   bool wait_stream(std::chrono::milliseconds timeout, const Watch& watch) {
+    join();
     rt_.record(done_, stream_);
-    if (rt_.query(done_)) return true;
+    if (rt_.query(done_)) return side_done();
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::chrono::microseconds nap{0};
     for (int spins = 0;; ++spins) {
-      if (rt_.query(done_)) return true;
+      if (rt_.query(done_)) return side_done();
       if (!watch()) return false;
       if (std::chrono::steady_clock::now() > deadline)
         throw Error(ErrorCode::timeout, ErrorContext{},
@@ -199,10 +230,24 @@ class DeviceExecutor final : public Executor {
     b.size = size;
     return p;
   }
+  /// The main stream is done, and with it the side's work joined into it: an error there throws
+  /// (the query of the side's last join event).
+  bool side_done() {
+    if (side_joined_) {
+      side_joined_ = false;
+      (void)rt_.query(join_);
+    }
+    return true;
+  }
+
   device::Runtime& rt_;
   std::chrono::milliseconds timeout_;
   device::Stream stream_ = nullptr;
   device::Event done_ = nullptr;
+  device::Stream side_ = nullptr;  ///< made at the first fork()
+  device::Event fork_ = nullptr, join_ = nullptr;
+  bool side_open_ = false;    ///< side work issued since the last join
+  bool side_joined_ = false;  ///< joined, and its errors not yet looked for
   Allocation slots_, work_;
   std::vector<Allocation> blocks_;
   std::size_t block_ = 0, used_ = 0;
