@@ -260,23 +260,6 @@ class FakeVerbs final : public Verbs {
   }
   // --- end of device memory (dma-buf) ----------------------------------------------------------
 
-  /// Enters [addr, addr + length) of this process in the fabric's registration table.
-  Mr* add_mr(void* addr, std::size_t length, int access, int& err) {
-    Lock lk(f_);
-    for (std::size_t i = 0; i < kMaxMrs; ++i) {
-      MrEntry& m = f_->mrs[i];
-      if (m.live && alive(m.pid)) continue;
-      m = MrEntry{f_->next_key++, pid_, reinterpret_cast<std::uintptr_t>(addr), length, access, 1};
-      auto* r = new FakeMr;
-      r->lkey = r->rkey = m.key;
-      r->addr = addr;
-      r->length = length;
-      r->index = i;
-      return r;
-    }
-    err = ENOMEM;
-    return nullptr;
-  }
   void dereg_mr(Mr* mr) override {
     auto* r = static_cast<FakeMr*>(mr);
     {
@@ -467,6 +450,23 @@ class FakeVerbs final : public Verbs {
   }
 
  private:
+  /// Enters [addr, addr + length) of this process in the fabric's registration table.
+  Mr* add_mr(void* addr, std::size_t length, int access, int& err) {
+    Lock lk(f_);
+    for (std::size_t i = 0; i < kMaxMrs; ++i) {
+      MrEntry& m = f_->mrs[i];
+      if (m.live && alive(m.pid)) continue;
+      m = MrEntry{f_->next_key++, pid_, reinterpret_cast<std::uintptr_t>(addr), length, access, 1};
+      auto* r = new FakeMr;
+      r->lkey = r->rkey = m.key;
+      r->addr = addr;
+      r->length = length;
+      r->index = i;
+      return r;
+    }
+    err = ENOMEM;
+    return nullptr;
+  }
   sockaddr_un channel_address(std::uint32_t cq_id, socklen_t& len) const {
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
