@@ -261,11 +261,11 @@ class CudaRuntime final : public Runtime {
   /// current device says CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (else unsupported).
   DmabufExport export_dmabuf(void* p, std::size_t bytes) override {
     const detail::DmabufDriver& d = detail::dmabuf_driver();
-    if (!d.device_get || !d.device_attribute || !d.address_range || !d.range_handle) {
-      if (d.status != cudaSuccess && !means_no_gpu(static_cast<int>(d.status)))
-        detail::cuda_check(d.status, "cudaGetDriverEntryPointByVersion");
-      throw Error(ErrorCode::unsupported, "export_dmabuf: the CUDA driver has no cuMemGetHandleForAddressRange");
-    }
+    if (!d.device_get || !d.device_attribute || !d.address_range || !d.range_handle)
+      throw Error(ErrorCode::unsupported, std::string("export_dmabuf: no driver entry points for dma-buf export "
+                                                      "(cudaGetDriverEntryPointByVersion: ") +
+                                              cudaGetErrorName(d.status) + " (" +
+                                              std::to_string(static_cast<int>(d.status)) + "))");
     CUdevice dev = 0;
     detail::cu_check(d.device_get(&dev, current_device()), "cuDeviceGet");
     int supported = 0;
