@@ -34,16 +34,24 @@ using Comm = chorus::Communicator<chorus::rdma::Transport>;
 /// Slices of 64 KiB: every message of the large counts below is past the eager size (8 KiB).
 constexpr std::size_t kChunkBytes = std::size_t(64) << 10;
 
+/// How a test's device buffers are meant to travel.
+/// mixed: rank 0's runtime has no dma-buf, the others' has (each side decides for its own buffer).
+enum class Path { zero_copy, staged_nic, staged_runtime, mixed };
+
 /// Device collectives on `world` ranks, each checked bit for bit against the host path (and the
-/// reference); then the transport's device-memory state must be what `zero_copy` says.
-void collectives(int world, bool zero_copy, const std::vector<std::pair<std::string, std::string>>& env = {}) {
+/// reference); then the transport's device-memory state must match `path`: zero-copy, or staged
+/// because the NIC (CHORUS_IB_FAKE_FAULT=dmabuf_unsupported) or the runtime (refuse_dmabuf)
+/// has no dma-buf.
+void collectives(int world, Path path) {
   FakeFabric fabric;
   auto p = fabric.options(240s, 30s);
-  for (const auto& e : env) p.env.push_back(e);
+  if (path == Path::staged_nic) p.env.emplace_back("CHORUS_IB_FAKE_FAULT", "dmabuf_unsupported");
   chorus::test::run_processes(
       world,
       [&](int rank, chorus::Options o) {
         chorus::device::SimRuntime rt;  // outlives comm
+        const bool zero_copy = path == Path::zero_copy || (path == Path::mixed && rank != 0);
+        if (path == Path::staged_runtime || (path == Path::mixed && rank == 0)) rt.refuse_dmabuf();
         o.chunk_bytes = kChunkBytes;
         Comm comm = Comm::create(o);
         comm.set_device_runtime(&rt);
@@ -72,7 +80,7 @@ void collectives(int world, bool zero_copy, const std::vector<std::pair<std::str
 
         const auto st = comm.transport().device_memory_stats();
         const std::string who = "rank " + std::to_string(rank) + " " + where;
-        expect(st.nic == zero_copy, who + ": the fake NIC says dma-buf " + (st.nic ? "supported" : "unsupported"));
+        expect(st.nic == (path != Path::staged_nic), who + ": the fake NIC says dma-buf " + (st.nic ? "supported" : "unsupported"));
         expect(st.zero_copy == zero_copy, who + ": device buffers " + (st.zero_copy ? "went" : "did not go") + " zero-copy");
         if (zero_copy)
           expect(st.registrations > 0, who + ": no dma-buf registration was made");
@@ -85,16 +93,22 @@ void collectives(int world, bool zero_copy, const std::vector<std::pair<std::str
 }  // namespace
 
 TEST_CASE("rdma dma-buf: device collectives past the eager size go zero-copy and equal the host path at world 2") {
-  collectives(2, true);
+  collectives(2, Path::zero_copy);
 }
 TEST_CASE("rdma dma-buf: device collectives past the eager size go zero-copy and equal the host path at world 3") {
-  collectives(3, true);
+  collectives(3, Path::zero_copy);
 }
 TEST_CASE("rdma dma-buf: with the NIC's dma-buf unsupported the same collectives go through staging at world 2") {
-  collectives(2, false, {{"CHORUS_IB_FAKE_FAULT", "dmabuf_unsupported"}});
+  collectives(2, Path::staged_nic);
 }
 TEST_CASE("rdma dma-buf: with the NIC's dma-buf unsupported the same collectives go through staging at world 3") {
-  collectives(3, false, {{"CHORUS_IB_FAKE_FAULT", "dmabuf_unsupported"}});
+  collectives(3, Path::staged_nic);
+}
+TEST_CASE("rdma dma-buf: with the runtime's dma-buf export unsupported the same collectives go through staging at world 3") {
+  collectives(3, Path::staged_runtime);
+}
+TEST_CASE("rdma dma-buf: one rank staging and the others zero-copy give the host path's results at world 3") {
+  collectives(3, Path::mixed);
 }
 
 TEST_CASE("rdma dma-buf: a receive into device memory that meets an eager message fails with mismatch and writes nothing") {

@@ -58,6 +58,7 @@
 /// to the system) before mu_ (everything else). A worker sleeps only on condition variables.
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -182,6 +183,14 @@ class SimRuntime final : public Runtime {
   /// it, the first time), and p's offset in it: the fake verbs (transport/rdma/fake.hpp) check the
   /// fd's size and register the device address, which the memfd's pages back.
   DmabufExport export_dmabuf(void* p, std::size_t bytes) override;
+  /// For tests: from now on export_dmabuf throws Error(unsupported), as a runtime or device
+  /// without dma-buf export does.
+  void refuse_dmabuf() noexcept { refuse_dmabuf_.store(true, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> refuse_dmabuf_{false};
+
+ public:
   // --- end of device memory for an RDMA NIC (dma-buf) ----------------------------------------
 
   // --- for tests -----------------------------------------------------------------------------

@@ -384,6 +384,8 @@ inline int SimRuntime::memfd_of(void* base, Allocation& a, std::string_view call
 
 inline Runtime::DmabufExport SimRuntime::export_dmabuf(void* p, std::size_t bytes) {
   constexpr std::string_view call = "cuMemGetHandleForAddressRange";
+  if (refuse_dmabuf_.load(std::memory_order_relaxed))
+    throw Error(ErrorCode::unsupported, "export_dmabuf: the simulated device refuses dma-buf export (refuse_dmabuf)");
   // Unique on memory_rw_: no operation touches the pages while they move into the memfd (the
   // first export of an allocation). Every registration of the allocation is made after that
   // move, so no RDMA write into it races with it.
