@@ -341,6 +341,10 @@ class Link {
                   // fail() every completion is ignored): the peer must hear it too.
                   kind != detail::WrKind::abort, done);
     }
+    // A message polled after this side failed (it was in the CQ before the QP went to ERROR) is
+    // dropped: an rts kept as unexpected would let a later receive match it and wait for writes
+    // that never come, instead of failing with the link.
+    if (failed_) return;
     switch (kind) {
       case detail::WrKind::recv_slot: on_slot(static_cast<std::uint32_t>(low), wc, done); break;
       case detail::WrKind::send_slot: free_send_slots_.push_back(static_cast<std::uint32_t>(low)); break;
