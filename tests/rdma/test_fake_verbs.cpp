@@ -1,11 +1,14 @@
 // The fake verbs provider itself (transport/rdma/fake.hpp): two QPs of one process connected to
 // each other (the fake copies within a process as across processes), checked the way a NIC would
 // check them: keys, bounds, access, receive lengths, missing receives, flushes, the completion
-// channel, and the registration cache (transport/rdma/registration.hpp) on top of it.
+// channel, dma-buf registration, and the registration cache (transport/rdma/registration.hpp) on
+// top of it.
 #include <doctest/doctest.h>
 
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "chorus/detail/owned_memory.hpp"
+#include "chorus/device/sim_runtime.hpp"
 #include "chorus/registered_memory.hpp"
 #include "chorus/transport/rdma/fake.hpp"
 #include "chorus/transport/rdma/registration.hpp"
@@ -300,6 +304,94 @@ TEST_CASE("registration cache: memory the user registered is registered once, pa
   Registration u = cache.get(user.data(), user.size(), err);
   REQUIRE(u);
   CHECK_FALSE(u.cached());
+}
+
+TEST_CASE("fake verbs: a dma-buf registers its iova range after a size check, and the fault refuses it") {
+  Pair p;
+  CHECK(p.v->dmabuf_supported());
+  // Two pages of a memfd mapped here: the second page is registered through the fd.
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const int fd = ::memfd_create("chorus-test-dmabuf", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, static_cast<off_t>(2 * page)) == 0);
+  void* map = ::mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  REQUIRE(map != MAP_FAILED);
+  auto* second = static_cast<char*>(map) + page;
+  int err = 0;
+  CHECK(p.v->reg_dmabuf_mr(page, page + 1, reinterpret_cast<std::uintptr_t>(second), fd, kLocalWrite | kRemoteWrite, err) ==
+        nullptr);
+  CHECK(err == EINVAL);  // past the end of the fd
+  err = 0;
+  CHECK(p.v->reg_dmabuf_mr(0, page, reinterpret_cast<std::uintptr_t>(second), -1, kLocalWrite | kRemoteWrite, err) == nullptr);
+  CHECK(err == EINVAL);  // no fd
+  Mr* dst = p.v->reg_dmabuf_mr(page, page, reinterpret_cast<std::uintptr_t>(second), fd, kLocalWrite | kRemoteWrite, err);
+  REQUIRE_MESSAGE(dst, "reg_dmabuf_mr: " << err);
+  ::close(fd);  // the registration holds the memory by itself
+  std::vector<char> src(page, 'd');
+  Mr* ms = reg(*p.v, src.data(), src.size(), kLocalWrite);
+  SUBCASE("a write inside it lands") {
+    REQUIRE(p.v->post_send(p.a, write_to(*ms, *dst, page)) == 0);
+    const auto got = p.poll(1);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == WcStatus::success);
+    CHECK(std::memcmp(second, src.data(), page) == 0);
+  }
+  SUBCASE("a write past its end is refused") {
+    REQUIRE(p.v->post_send(p.a, write_to(*ms, *dst, 16, page - 8)) == 0);
+    const auto got = p.poll(1);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == WcStatus::rem_access_err);
+  }
+  p.v->dereg_mr(ms);
+  p.v->dereg_mr(dst);
+  ::munmap(map, 2 * page);
+
+  ::setenv("CHORUS_IB_FAKE_FAULT", "dmabuf_unsupported", 1);
+  std::string why;
+  auto refusing = open_fake(p.fabric.path(), why);
+  ::unsetenv("CHORUS_IB_FAKE_FAULT");
+  REQUIRE_MESSAGE(refusing, why);
+  CHECK_FALSE(refusing->dmabuf_supported());
+  err = 0;
+  CHECK(refusing->reg_dmabuf_mr(0, 1, 0, 0, kLocalWrite, err) == nullptr);
+  CHECK(err == EOPNOTSUPP);
+}
+
+TEST_CASE("registration cache: device memory is registered per message through the runtime's dma-buf") {
+  Pair p;
+  RegistrationCache regs(*p.v);
+  chorus::device::SimRuntime rt;
+  constexpr std::size_t kBytes = 3 * 4096 + 100;
+  auto* d = static_cast<std::byte*>(rt.alloc_device(kBytes));
+  std::string why;
+  Registration a = regs.get_device(rt, d + 100, 5000, why);
+  REQUIRE_MESSAGE(a, why);
+  CHECK_FALSE(a.cached());
+  Registration b = regs.get_device(rt, d + 100, 5000, why);
+  REQUIRE_MESSAGE(b, why);
+  CHECK(b.rkey() != a.rkey());  // never shared: one registration per message
+  // An RDMA write through it lands in the device allocation.
+  std::vector<char> src(5000, 'x');
+  Mr* ms = reg(*p.v, src.data(), src.size(), kLocalWrite);
+  Mr dst;
+  dst.addr = d + 100;
+  dst.rkey = a.rkey();
+  REQUIRE(p.v->post_send(p.a, write_to(*ms, dst, src.size())) == 0);
+  const auto got = p.poll(1);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].status == WcStatus::success);
+  std::vector<char> back(src.size());
+  rt.copy(back.data(), d + 100, back.size(), nullptr);
+  rt.synchronize(chorus::device::Stream{});
+  CHECK(back == src);
+  // Memory that is not in a live device allocation is refused, saying why.
+  std::vector<std::byte> host(64);
+  CHECK_FALSE(regs.get_device(rt, host.data(), host.size(), why));
+  CHECK(why.find("export_dmabuf") != std::string::npos);
+  p.v->dereg_mr(ms);
+  a = Registration();
+  b = Registration();
+  rt.free_device(d);
 }
 
 }  // namespace rdma_test_fake_verbs

@@ -9,6 +9,12 @@
 ///   in host staging and is uploaded into place once in (behind the executor's earlier work, so a
 ///   reduction issued after wait() sees it). Slices are staged one by one as the algorithm issues
 ///   them: the download of slice k+1 runs while slice k is on the wire.
+/// * direct device memory: a link that takes the call's device memory as it is (a link with
+///   device_memory(runtime, p, bytes): rdma with dma-buf registration, for messages above its
+///   eager size) gets the buffer itself, with no staging. Before such a send or receive is posted
+///   the executor's stream is waited for (sync): a send's data is then final, and no work issued
+///   earlier still reads or writes memory that a receive is about to overwrite. A receive lands
+///   in place, so a reduction issued after wait() follows on the stream as after an upload.
 /// Algorithms are symmetric (a's k-th send to b on a lane is b's k-th receive from a on it), so a
 /// first send and a first receive always meet.
 
@@ -20,6 +26,7 @@
 #include "chorus/algo/descriptor.hpp"
 #include "chorus/algo/group.hpp"
 #include "chorus/core/concepts.hpp"
+#include "chorus/device/runtime.hpp"
 #include "chorus/exec/executor.hpp"
 #include "chorus/mismatch/call_check.hpp"
 #include "chorus/transport/matching.hpp"
@@ -66,9 +73,14 @@ class Channel {
   Op isend(int peer, ConstBytes b, int lane = 0) {
     auto& link = g_.transport->link(g_.members[peer]);
     if (x_.staged() && b.size != 0) {
-      std::byte* host = x_.stage(b.size);
-      x_.download(host, b.data, b.size);
-      b = ConstBytes{host, b.size};
+      if (direct(link, b.data, b.size)) {
+        x_.sync();  // the data is final
+        b.kind = x_.kind();
+      } else {
+        std::byte* host = x_.stage(b.size);
+        x_.download(host, b.data, b.size);
+        b = ConstBytes{host, b.size};
+      }
     }
     Op op{{}, peer, false, -1, {}, nullptr};
     if (!check_.send(link, op, lane, b, lane_tag(lane))) op.req = link.isend(b, lane_tag(lane));
@@ -79,9 +91,15 @@ class Channel {
     auto& link = g_.transport->link(g_.members[peer]);
     Op op{{}, peer, true, -1, b, nullptr};
     if (x_.staged() && b.size != 0) {
-      op.upload_to = b.data;
-      b = MutableBytes{x_.stage(b.size), b.size};
-      op.dst = b;
+      if (direct(link, b.data, b.size)) {
+        x_.sync();  // nothing issued before still uses the memory the peer writes
+        b.kind = x_.kind();
+        op.dst = b;
+      } else {
+        op.upload_to = b.data;
+        b = MutableBytes{x_.stage(b.size), b.size};
+        op.dst = b;
+      }
     }
     if (!check_.recv(link, op, lane, b, lane_tag(lane))) op.req = link.irecv(b, lane_tag(lane));
     return op;
@@ -119,6 +137,17 @@ class Channel {
   }
 
  private:
+  /// Whether `link` takes this message of the executor's memory as it is (see the top).
+  template <class L>
+  bool direct(L& link, const std::byte* p, std::size_t bytes) {
+    if constexpr (requires(device::Runtime& rt) { link.device_memory(rt, p, bytes); }) {
+      device::Runtime* rt = x_.runtime();
+      return rt != nullptr && link.device_memory(*rt, p, bytes);
+    } else {
+      return false;
+    }
+  }
+
   Tag lane_tag(int lane) const { return data_tag_ | (static_cast<Tag>(lane & 0xff) << kLaneShift); }
 
   const Group<T>& g_;

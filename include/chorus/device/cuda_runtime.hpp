@@ -21,7 +21,9 @@
 
 #if defined(__CUDACC__)
 
+#include <cuda.h>  // driver API types only: the driver's functions come through cudaGetDriverEntryPointByVersion
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -92,6 +94,61 @@ __global__ void wait_value_kernel(Word word, std::uint64_t value, Abort abort, s
   // The peer's writes before its store of `value` are visible to the work after this kernel.
   __threadfence_system();
 }
+
+// --- device memory for an RDMA NIC (dma-buf) -------------------------------------------------------
+
+/// The driver API functions export_dmabuf needs, resolved once per process through the runtime
+/// (cudaGetDriverEntryPointByVersion), so that nothing links libcuda itself. A null member: the
+/// driver does not have it.
+struct DmabufDriver {
+  decltype(&cuDeviceGet) device_get = nullptr;
+  decltype(&cuDeviceGetAttribute) device_attribute = nullptr;
+  decltype(&cuMemGetAddressRange) address_range = nullptr;
+  decltype(&cuMemGetHandleForAddressRange) range_handle = nullptr;
+  cudaError_t status = cudaSuccess;  ///< of the first lookup that failed
+};
+
+/// The ABI version asked of every entry point: CUDA 12.0's (all four exist since 11.7 with these
+/// signatures).
+inline constexpr unsigned kDmabufDriverAbi = 12000;
+
+template <class Fn>
+void driver_entry(const char* symbol, Fn& out, cudaError_t& status) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &fn, kDmabufDriverAbi, cudaEnableDefault, &found);
+  if (e == cudaSuccess && found == cudaDriverEntryPointSuccess && fn != nullptr) {
+    out = reinterpret_cast<Fn>(fn);
+  } else if (status == cudaSuccess) {
+    status = e != cudaSuccess ? e : cudaErrorSymbolNotFound;
+    (void)cudaGetLastError();
+  }
+}
+
+inline const DmabufDriver& dmabuf_driver() {
+  static const DmabufDriver d = [] {
+    DmabufDriver r;
+    driver_entry("cuDeviceGet", r.device_get, r.status);
+    driver_entry("cuDeviceGetAttribute", r.device_attribute, r.status);
+    driver_entry("cuMemGetAddressRange", r.address_range, r.status);
+    driver_entry("cuMemGetHandleForAddressRange", r.range_handle, r.status);
+    return r;
+  }();
+  return d;
+}
+
+/// Throws for any CUresult but CUDA_SUCCESS (unsupported for CUDA_ERROR_NOT_SUPPORTED and the
+/// errors that mean no GPU); `call` names the driver function.
+inline void cu_check(CUresult status, std::string_view call) {
+  if (status == CUDA_SUCCESS) return;
+  const int n = static_cast<int>(status);
+  const bool unsupported = status == CUDA_ERROR_NOT_SUPPORTED || status == CUDA_ERROR_NO_DEVICE ||
+                           status == CUDA_ERROR_STUB_LIBRARY || status == CUDA_ERROR_NOT_INITIALIZED;
+  throw Error(unsupported ? ErrorCode::unsupported : ErrorCode::system,
+              std::string(call) + ": CUresult " + std::to_string(n));
+}
+
+// --- end of device memory for an RDMA NIC (dma-buf) ------------------------------------------------
 
 }  // namespace detail
 
@@ -237,6 +294,42 @@ class CudaRuntime final : public Runtime {
                                               static_cast<volatile std::uint32_t*>(mapped), on_timeout, timeout_ns);
     detail::cuda_check(cudaGetLastError(), "cudaLaunchKernel");
   }
+
+
+  // --- device memory for an RDMA NIC (dma-buf) -----------------------------------------------
+  /// cuMemGetHandleForAddressRange (CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) over the whole allocation
+  /// that holds p (cuMemGetAddressRange), page-aligned as the driver requires; only where the
+  /// current device says CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (else unsupported).
+  DmabufExport export_dmabuf(void* p, std::size_t bytes) override {
+    const detail::DmabufDriver& d = detail::dmabuf_driver();
+    if (!d.device_get || !d.device_attribute || !d.address_range || !d.range_handle)
+      throw Error(ErrorCode::unsupported, std::string("export_dmabuf: no driver entry points for dma-buf export "
+                                                      "(cudaGetDriverEntryPointByVersion: ") +
+                                              cudaGetErrorName(d.status) + " (" +
+                                              std::to_string(static_cast<int>(d.status)) + "))");
+    CUdevice dev = 0;
+    detail::cu_check(d.device_get(&dev, current_device()), "cuDeviceGet");
+    int supported = 0;
+    detail::cu_check(d.device_attribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev), "cuDeviceGetAttribute");
+    if (!supported)
+      throw Error(ErrorCode::unsupported, "export_dmabuf: the device does not support dma-buf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)");
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    const auto at = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+    detail::cu_check(d.address_range(&base, &size, at), "cuMemGetAddressRange");
+    if (at - base > size || bytes > size - (at - base))
+      throw Error(ErrorCode::invalid_argument, "export_dmabuf: [p, p + " + std::to_string(bytes) +
+                                                   ") runs past the end of its device allocation");
+    const long page_size = ::sysconf(_SC_PAGESIZE);
+    const CUdeviceptr page = page_size > 0 ? static_cast<CUdeviceptr>(page_size) : 4096;
+    const CUdeviceptr first = base / page * page;
+    const CUdeviceptr end = (base + size + page - 1) / page * page;
+    int fd = -1;
+    detail::cu_check(d.range_handle(&fd, first, static_cast<std::size_t>(end - first), CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                     "cuMemGetHandleForAddressRange");
+    return {fd, static_cast<std::uint64_t>(at - first)};
+  }
+  // --- end of device memory for an RDMA NIC (dma-buf) ----------------------------------------
 };
 
 }  // namespace chorus::device

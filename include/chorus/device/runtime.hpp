@@ -23,9 +23,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "chorus/core/buffer.hpp"
+#include "chorus/core/error.hpp"
 #include "chorus/core/types.hpp"
 #include "chorus/reduce/cuda/kernels.hpp"  // kMaxReduceInputs
 
@@ -150,6 +152,24 @@ class Runtime {
   /// The caller reads `*abort` once the stream is done: a wait that gave up is never silent.
   virtual void wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
                           std::uint32_t on_timeout, std::uint64_t timeout_ns) = 0;
+
+  // --- device memory for an RDMA NIC (dma-buf) -----------------------------------------------
+  /// What export_dmabuf gives: a dma-buf file descriptor and where the exported pointer lies in it.
+  struct DmabufExport {
+    int fd = -1;
+    std::uint64_t offset = 0;
+  };
+  /// A dma-buf of the device allocation that holds [p, p + bytes), for ibv_reg_dmabuf_mr
+  /// (transport/rdma): `fd` is the caller's to close, and p lies `offset` bytes into it. The
+  /// dma-buf may cover more than the range (the whole allocation, page-aligned), never less.
+  /// A runtime or device without dma-buf export throws Error(unsupported); a range that is not
+  /// inside one live device allocation throws Error(system) naming the runtime call.
+  virtual DmabufExport export_dmabuf(void* p, std::size_t bytes) {
+    (void)p;
+    (void)bytes;
+    throw Error(ErrorCode::unsupported, "export_dmabuf: the " + std::string(name()) + " runtime exports no dma-buf");
+  }
+  // --- end of device memory for an RDMA NIC (dma-buf) ----------------------------------------
 };
 
 }  // namespace chorus::device

@@ -29,6 +29,9 @@
 ///   runtime itself, of a freed allocation or of an exited process fails with
 ///   cudaErrorInvalidValue; a mapping outlives the exporter's free or exit (the memfd stays until
 ///   the last mapping goes), where on a GPU that is undefined.
+/// * dma-buf (export_dmabuf): a dup of the memfd IPC export makes (made the same way the first
+///   time), with the pointer's offset in it; the fake verbs register the device address after
+///   checking the fd's size, and write the memfd's pages through it.
 /// * Pinned memory: page-aligned host memory, tracked, so that wait_flag on memory that is not
 ///   pinned, or a copy that runs past the end of a pinned buffer, is detected.
 /// * Streams: an ordered queue each, run by one worker thread per stream; the null stream is a
@@ -55,6 +58,7 @@
 /// to the system) before mu_ (everything else). A worker sleeps only on condition variables.
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -180,6 +184,21 @@ class SimRuntime final : public Runtime {
   void wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
                   std::uint32_t on_timeout, std::uint64_t timeout_ns) override;
 
+  // --- device memory for an RDMA NIC (dma-buf) -----------------------------------------------
+  /// A dup of the memfd behind the allocation that holds [p, p + bytes) (made as ipc_export makes
+  /// it, the first time), and p's offset in it: the fake verbs (transport/rdma/fake.hpp) check the
+  /// fd's size and register the device address, which the memfd's pages back.
+  DmabufExport export_dmabuf(void* p, std::size_t bytes) override;
+  /// For tests: from now on export_dmabuf throws Error(unsupported), as a runtime or device
+  /// without dma-buf export does.
+  void refuse_dmabuf() noexcept { refuse_dmabuf_.store(true, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> refuse_dmabuf_{false};
+
+ public:
+  // --- end of device memory for an RDMA NIC (dma-buf) ----------------------------------------
+
   // --- for tests -----------------------------------------------------------------------------
   /// Makes the n-th call of `call` from now (n >= 1) fail with `cuda_error`. Calls: alloc_device,
   /// alloc_pinned, create_stream, create_event (they throw at the call) and copy, fill, reduce,
@@ -279,6 +298,10 @@ class SimRuntime final : public Runtime {
   /// For either side of a copy or fill: device memory must fit one live allocation; host memory
   /// must not be null nor run past a pinned buffer it starts in.
   std::string check_any_range(const void* p, std::size_t bytes, std::string_view what) const;
+  /// The memfd behind the exportable allocation at `base` (an allocation of this runtime or one
+  /// ipc_open mapped), making it the first time: its pages move into a new memfd mapped shared at
+  /// the same address. Needs memory_rw_ held unique (no operation touches the pages meanwhile).
+  int memfd_of(void* base, Allocation& a, std::string_view call);
   std::size_t arena_take(std::size_t span);
   /// Returns an allocation's arena range (span bytes, the guard page included) once it is out of
   /// device_, without mu_ held: its pages go (a memfd's mapping is replaced and `fd` closed), then

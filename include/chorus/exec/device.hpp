@@ -1,10 +1,12 @@
 #pragma once
 /// DeviceExecutor: the executor of device memory, through the device::Runtime seam (the CUDA
 /// runtime, or the simulated one in tests). Every operation is issued on one stream of its own:
-/// copies are cudaMemcpyAsync, reductions the reduce/cuda kernels, scratch device buffers. Links
-/// cannot read device memory, so messages go through pinned host staging (stage/download/upload):
-/// a send's slice is downloaded and waited for, then sent; a receive lands in staging and is
-/// uploaded behind the work already issued, and the kernel that reduces it follows on the stream.
+/// copies are cudaMemcpyAsync, reductions the reduce/cuda kernels, scratch device buffers. Most
+/// links cannot read device memory, so messages go through pinned host staging
+/// (stage/download/upload): a send's slice is downloaded and waited for, then sent; a receive
+/// lands in staging and is uploaded behind the work already issued, and the kernel that reduces it
+/// follows on the stream. A link that takes device memory itself (rdma with dma-buf registration)
+/// gets the call's memory after sync(); see algo/channel.hpp.
 ///
 /// A call on a user's stream (StreamTicket): the executor's stream first waits for an event the
 /// call recorded on the user's stream (the inputs are ready there), and the user's stream waits
@@ -137,6 +139,11 @@ class DeviceExecutor final : public Executor {
   void upload(std::byte* mine, const std::byte* host, std::size_t n) override {
     if (n != 0) rt_.copy(mine, host, n, stream_);
   }
+
+  // --- memory links take as it is (device memory over rdma with dma-buf) ---------------------
+  device::Runtime* runtime() noexcept override { return &rt_; }
+  void sync() override { wait_stream(); }
+  // --- end of memory links take as it is -------------------------------------------------------
 
   /// Waits for everything issued; resets the staging arena, and gives back the pinned blocks a
   /// burst of large calls left (beyond kKeepStagingBytes, once kWindow calls needed less).

@@ -20,6 +20,10 @@
 #include "chorus/core/types.hpp"
 #include "chorus/reduce/cuda/kernels.hpp"  // kMaxReduceInputs
 
+namespace chorus::device {
+class Runtime;
+}  // namespace chorus::device
+
 namespace chorus::exec {
 
 class Executor {
@@ -61,6 +65,15 @@ class Executor {
   /// mine = host (n bytes), ordered before every later operation; `host` stays untouched until
   /// end_call().
   virtual void upload(std::byte* mine, const std::byte* host, std::size_t n) = 0;
+
+  // --- memory links take as it is (device memory over rdma with dma-buf) ---------------------
+  /// The device runtime of this executor's memory (null for host memory): a link that can take
+  /// such memory directly (algo/channel.hpp asks it) registers it through this runtime.
+  virtual device::Runtime* runtime() noexcept { return nullptr; }
+  /// Blocks until every operation issued is complete: a link then reads and writes the call's
+  /// memory itself, outside the executor's order.
+  virtual void sync() {}
+  // --- end of memory links take as it is -------------------------------------------------------
 
   /// After each call (ok or not): every operation issued is complete (so the call's output is
   /// final and its staging free), and scratch grown for a burst of large calls may shrink.

@@ -315,7 +315,10 @@ class CallCheck {
     if (peer(op.peer).checked) return;
     if (op.recv) {
       const std::byte* staged = op.staged >= 0 ? mem_->staged_[static_cast<std::size_t>(op.staged)].buf : nullptr;
-      const auto theirs = staged ? read_stamp(staged, sizeof(Stamp)) : read_stamp(op.dst.data, op.dst.size);
+      // A receive into device memory (a link that takes it directly) is never read on the host.
+      const auto theirs = staged                                ? read_stamp(staged, sizeof(Stamp))
+                          : op.dst.kind == MemoryKind::host ? read_stamp(op.dst.data, op.dst.size)
+                                                               : std::nullopt;
       if (theirs) return compare(op.peer, *theirs);
     }
     check_separate(op.peer, /*post=*/true);

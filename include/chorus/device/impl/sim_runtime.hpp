@@ -352,27 +352,7 @@ inline IpcHandle SimRuntime::ipc_export(void* base) {
   if (a.imported)
     throw detail::cuda_error(call, detail::kCudaInvalidValue,
                              detail::hex(base) + " was mapped from another process's handle (export it there)");
-  if (a.fd < 0) {
-    const std::size_t used = a.span - page_;
-    const std::uint64_t serial = next_serial_++;
-    const int fd = ::memfd_create(detail::sim_memfd_name(nonce_, serial).c_str(), MFD_CLOEXEC);
-    if (fd < 0) throw detail::cuda_error(call, detail::kCudaMemoryAllocation, std::string("memfd_create: ") + std::strerror(errno));
-    const auto fail = [&](const char* what) {
-      const int e = errno;
-      ::close(fd);
-      return detail::cuda_error(call, detail::kCudaMemoryAllocation, std::string(what) + ": " + std::strerror(e));
-    };
-    if (::ftruncate(fd, static_cast<off_t>(used)) != 0) throw fail("ftruncate");
-    for (std::size_t done = 0; done < used;) {
-      const ssize_t n = ::pwrite(fd, static_cast<std::byte*>(base) + done, used - done, static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw fail("pwrite");
-      done += static_cast<std::size_t>(n);
-    }
-    if (::mmap(base, used, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) throw fail("mmap");
-    a.fd = fd;
-    a.serial = serial;
-  }
+  memfd_of(base, a, call);
   detail::SimIpcHandle h{};
   std::memcpy(h.magic, detail::kSimIpcMagic, sizeof h.magic);
   h.pid = static_cast<std::int32_t>(::getpid());
@@ -384,6 +364,52 @@ inline IpcHandle SimRuntime::ipc_export(void* base) {
   std::memcpy(out.bytes.data(), &h, sizeof h);
   return out;
 }
+
+inline int SimRuntime::memfd_of(void* base, Allocation& a, std::string_view call) {
+  if (a.fd >= 0) return a.fd;
+  const std::size_t used = a.span - page_;
+  const std::uint64_t serial = next_serial_++;
+  const int fd = ::memfd_create(detail::sim_memfd_name(nonce_, serial).c_str(), MFD_CLOEXEC);
+  if (fd < 0) throw detail::cuda_error(call, detail::kCudaMemoryAllocation, std::string("memfd_create: ") + std::strerror(errno));
+  const auto fail = [&](const char* what) {
+    const int e = errno;
+    ::close(fd);
+    return detail::cuda_error(call, detail::kCudaMemoryAllocation, std::string(what) + ": " + std::strerror(e));
+  };
+  if (::ftruncate(fd, static_cast<off_t>(used)) != 0) throw fail("ftruncate");
+  for (std::size_t done = 0; done < used;) {
+    const ssize_t n = ::pwrite(fd, static_cast<std::byte*>(base) + done, used - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw fail("pwrite");
+    done += static_cast<std::size_t>(n);
+  }
+  if (::mmap(base, used, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) throw fail("mmap");
+  a.fd = fd;
+  a.serial = serial;
+  return fd;
+}
+
+// --- device memory for an RDMA NIC (dma-buf) -------------------------------------------------------
+
+inline Runtime::DmabufExport SimRuntime::export_dmabuf(void* p, std::size_t bytes) {
+  constexpr std::string_view call = "cuMemGetHandleForAddressRange";
+  if (refuse_dmabuf_.load(std::memory_order_relaxed))
+    throw Error(ErrorCode::unsupported, "export_dmabuf: the simulated device refuses dma-buf export (refuse_dmabuf)");
+  // Unique on memory_rw_: no operation touches the pages while they move into the memfd (the
+  // first export of an allocation). Every registration of the allocation is made after that
+  // move, so no RDMA write into it races with it.
+  std::unique_lock wr(memory_rw_);
+  std::lock_guard lk(mu_);
+  const std::string why = check_device_range(p, bytes, "export_dmabuf");
+  if (!why.empty()) throw detail::cuda_error(call, detail::kCudaInvalidValue, why);
+  auto it = device_.find(device_allocation(p)->first);
+  void* base = reinterpret_cast<void*>(it->first);
+  const int fd = ::fcntl(memfd_of(base, it->second, call), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) throw detail::cuda_error(call, detail::kCudaMemoryAllocation, std::string("dup: ") + std::strerror(errno));
+  return {fd, static_cast<std::uint64_t>(static_cast<std::byte*>(p) - static_cast<std::byte*>(base))};
+}
+
+// --- end of device memory for an RDMA NIC (dma-buf) ------------------------------------------------
 
 inline void* SimRuntime::ipc_open(const IpcHandle& handle) {
   constexpr std::string_view call = "cudaIpcOpenMemHandle";

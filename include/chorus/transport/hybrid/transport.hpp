@@ -35,6 +35,7 @@
 #include "chorus/core/cost_model.hpp"
 #include "chorus/core/peer_info.hpp"
 #include "chorus/detail/log.hpp"
+#include "chorus/device/runtime.hpp"
 #include "chorus/transport/registry.hpp"
 
 namespace chorus::hybrid {
@@ -105,6 +106,18 @@ class BasicLink {
         [](auto* l) {
           if constexpr (requires { l->cuda_ipc(); })
             return static_cast<bool>(l->cuda_ipc());
+          else
+            return false;
+        },
+        l_);
+  }
+  /// True where the serving candidate takes this device buffer as it is (rdma with dma-buf
+  /// registration; algo/channel.hpp), else false: the channel stages it.
+  bool device_memory(device::Runtime& rt, const void* p, std::size_t bytes) {
+    return std::visit(
+        [&](auto* l) {
+          if constexpr (requires { l->device_memory(rt, p, bytes); })
+            return static_cast<bool>(l->device_memory(rt, p, bytes));
           else
             return false;
         },

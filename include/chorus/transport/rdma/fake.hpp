@@ -29,6 +29,14 @@
 ///   partial_poll      poll_cq returns at most one completion per call (legal, unusual)
 ///   qp_error@N        the QP of the Nth post_send goes to ERROR (flushing it and its receives)
 ///                     and a qp_fatal event is raised for it; its peer then sees retry_exc_err
+///   dmabuf_unsupported  every reg_dmabuf_mr fails with EOPNOTSUPP, as on a device (or kernel
+///                     driver) without dma-buf support
+///
+/// Device memory (reg_dmabuf_mr): the fake has no dma-buf importer; it checks with fstat that the
+/// fd's size covers offset + length (EINVAL otherwise, and for an fd that is not open), then
+/// registers [iova, iova + length) of the process as reg_mr registers host memory. That fits the
+/// simulated device runtime (device/sim_runtime.hpp), whose device memory is memfd pages mapped at
+/// the device address, which is the iova the transport passes.
 /// An unknown kind fails open_fake, naming it.
 
 #include <errno.h>
@@ -129,6 +137,7 @@ struct Faults {
   std::uint64_t rem_access = 0, retry_exceeded = 0, reg_enomem = 0, qp_error = 0;  ///< 0: none
   std::uint32_t cq_capacity = 0;                                                  ///< 0: as asked
   bool partial_poll = false;
+  bool dmabuf_unsupported = false;
 };
 
 /// Parses CHORUS_IB_FAKE_FAULT; false with `why` on an unknown or malformed item.
@@ -156,9 +165,11 @@ inline bool parse_faults(std::string_view spec, Faults& f, std::string& why) {
     else if (kind == "qp_error") f.qp_error = n;
     else if (kind == "cq_overflow") f.cq_capacity = static_cast<std::uint32_t>(std::min<std::uint64_t>(n, kCqMax));
     else if (kind == "partial_poll") f.partial_poll = true;
+    else if (kind == "dmabuf_unsupported") f.dmabuf_unsupported = true;
     else {
       why = "CHORUS_IB_FAKE_FAULT: unknown fault '" + std::string(kind) +
-            "' (known: rem_access, retry_exceeded, cq_overflow, reg_enomem, partial_poll, qp_error)";
+            "' (known: rem_access, retry_exceeded, cq_overflow, reg_enomem, partial_poll, qp_error, "
+            "dmabuf_unsupported)";
       return false;
     }
   }
@@ -229,21 +240,26 @@ class FakeVerbs final : public Verbs {
       err = ENOMEM;
       return nullptr;
     }
-    Lock lk(f_);
-    for (std::size_t i = 0; i < kMaxMrs; ++i) {
-      MrEntry& m = f_->mrs[i];
-      if (m.live && alive(m.pid)) continue;
-      m = MrEntry{f_->next_key++, pid_, reinterpret_cast<std::uintptr_t>(addr), length, access, 1};
-      auto* r = new FakeMr;
-      r->lkey = r->rkey = m.key;
-      r->addr = addr;
-      r->length = length;
-      r->index = i;
-      return r;
-    }
-    err = ENOMEM;
-    return nullptr;
+    return add_mr(addr, length, access, err);
   }
+
+  // --- device memory (dma-buf) -----------------------------------------------------------------
+  Mr* reg_dmabuf_mr(std::uint64_t offset, std::size_t length, std::uint64_t iova, int fd, int access,
+                    int& err) override {
+    if (faults_.dmabuf_unsupported) {
+      err = EOPNOTSUPP;
+      return nullptr;
+    }
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size < 0 || offset > static_cast<std::uint64_t>(st.st_size) ||
+        length > static_cast<std::uint64_t>(st.st_size) - offset) {
+      err = EINVAL;
+      return nullptr;
+    }
+    return add_mr(reinterpret_cast<void*>(static_cast<std::uintptr_t>(iova)), length, access, err);
+  }
+  // --- end of device memory (dma-buf) ----------------------------------------------------------
+
   void dereg_mr(Mr* mr) override {
     auto* r = static_cast<FakeMr*>(mr);
     {
@@ -434,6 +450,23 @@ class FakeVerbs final : public Verbs {
   }
 
  private:
+  /// Enters [addr, addr + length) of this process in the fabric's registration table.
+  Mr* add_mr(void* addr, std::size_t length, int access, int& err) {
+    Lock lk(f_);
+    for (std::size_t i = 0; i < kMaxMrs; ++i) {
+      MrEntry& m = f_->mrs[i];
+      if (m.live && alive(m.pid)) continue;
+      m = MrEntry{f_->next_key++, pid_, reinterpret_cast<std::uintptr_t>(addr), length, access, 1};
+      auto* r = new FakeMr;
+      r->lkey = r->rkey = m.key;
+      r->addr = addr;
+      r->length = length;
+      r->index = i;
+      return r;
+    }
+    err = ENOMEM;
+    return nullptr;
+  }
   sockaddr_un channel_address(std::uint32_t cq_id, socklen_t& len) const {
     sockaddr_un a{};
     a.sun_family = AF_UNIX;

@@ -109,28 +109,30 @@ class IbVerbs final : public Verbs {
   }
 
   Mr* reg_mr(void* addr, std::size_t length, int access, int& err) override {
-    int flags = 0;
-    if (access & kLocalWrite) flags |= IBV_ACCESS_LOCAL_WRITE;
-    if (access & kRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-    if (access & kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
-    ibv_mr* m = ibv_reg_mr(pd_, addr, length, flags);
+    ibv_mr* m = ibv_reg_mr(pd_, addr, length, access_flags(access));
     if (!m) {
       err = errno ? errno : ENOMEM;
       return nullptr;
     }
-    auto* r = new IbMr;
-    r->mr = m;
-    r->lkey = m->lkey;
-    r->rkey = m->rkey;
-    r->addr = addr;
-    r->length = length;
-    return r;
+    return wrap(m, addr, length);
   }
   void dereg_mr(Mr* mr) override {
     auto* r = static_cast<IbMr*>(mr);
     ibv_dereg_mr(r->mr);
     delete r;
   }
+
+  // --- device memory (dma-buf) -----------------------------------------------------------------
+  Mr* reg_dmabuf_mr(std::uint64_t offset, std::size_t length, std::uint64_t iova, int fd, int access,
+                    int& err) override {
+    ibv_mr* m = ibv_reg_dmabuf_mr(pd_, offset, length, iova, fd, access_flags(access));
+    if (!m) {
+      err = errno ? errno : EINVAL;
+      return nullptr;
+    }
+    return wrap(m, reinterpret_cast<void*>(static_cast<std::uintptr_t>(iova)), length);
+  }
+  // --- end of device memory (dma-buf) ----------------------------------------------------------
 
   Cq* create_cq(int cqe) override {
     auto c = std::make_unique<IbCq>();
@@ -312,6 +314,23 @@ class IbVerbs final : public Verbs {
   }
 
  private:
+  static int access_flags(int access) {
+    int flags = 0;
+    if (access & kLocalWrite) flags |= IBV_ACCESS_LOCAL_WRITE;
+    if (access & kRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+    if (access & kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
+    return flags;
+  }
+  static Mr* wrap(ibv_mr* m, void* addr, std::size_t length) {
+    auto* r = new IbMr;
+    r->mr = m;
+    r->lkey = m->lkey;
+    r->rkey = m->rkey;
+    r->addr = addr;
+    r->length = length;
+    return r;
+  }
+
   ibv_context* ctx_;
   ibv_pd* pd_ = nullptr;
   PortInfo port_;

@@ -29,6 +29,14 @@
 /// a send past the cap announces itself unregistered and registers once cleared, taking the
 /// registration of a send whose writes have not started if need be. So a registration waits only
 /// for writes already under way, never for a receive the program has yet to post.
+/// Device memory (dma-buf): a link whose NIC registers dma-bufs takes device buffers as they are
+/// (device_memory(), which the call's channel asks before it stages a message). A device buffer
+/// always takes the rts/cts path (no eager copy can target device memory), so the channel hands
+/// over only messages above the eager size, and each side decides for its own buffer alone: a
+/// message above the eager size is rts on the wire whatever memory it is in, so a rank that stages
+/// (its NIC or runtime has no dma-buf) meets one that does not. Its registration is made per
+/// message (registration.hpp: export_dmabuf, reg_dmabuf_mr) and released when it completes. A
+/// receive into device memory that meets an eager message fails with mismatch and writes nothing.
 ///
 /// Threading: every member is guarded by the transport's mutex (Hub::mu), taken by isend/irecv on
 /// the caller's thread and by whichever thread drives the engine (transport/progress.hpp).
@@ -52,6 +60,7 @@
 
 #include "chorus/core/concepts.hpp"
 #include "chorus/detail/log.hpp"
+#include "chorus/device/runtime.hpp"
 #include "chorus/transport/matching.hpp"
 #include "chorus/transport/rdma/registration.hpp"
 #include "chorus/transport/rdma/verbs.hpp"
@@ -107,10 +116,25 @@ struct CreditBlock {
   std::uint64_t aborted_check = ~std::uint64_t(0);
 };
 
+// --- device memory (dma-buf) -------------------------------------------------------------------
+/// Device memory of one transport's links, guarded by Hub::mu: whether the NIC registers
+/// dma-bufs (probed at set-up), and the device runtime whose buffers go zero-copy, bound by the
+/// first Link::device_memory that exported one of its buffers.
+struct DeviceAccess {
+  bool nic = false;
+  std::string device;                  ///< the NIC's name, for the log
+  device::Runtime* runtime = nullptr;  ///< bound: its buffers go zero-copy
+  device::Runtime* refused = nullptr;  ///< a runtime that exports no dma-buf: its buffers are staged
+  bool told = false;                   ///< the path device buffers take was logged
+  std::uint64_t registrations = 0;     ///< dma-buf registrations made for messages
+};
+// --- end of device memory (dma-buf) ------------------------------------------------------------
+
 /// What the links of one transport share with its driver: the lock over every link, the CQ and
-/// the verbs calls, and the wake-up of a driver sleeping in poll().
+/// the verbs calls, the wake-up of a driver sleeping in poll(), and the device memory state.
 struct Hub {
   std::mutex mu;
+  DeviceAccess device;
   std::atomic<bool> sleeping{false};
   int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 
@@ -184,7 +208,9 @@ class Link {
     std::lock_guard lk(hub_.mu);
     if (failed_) {
       done.fail(req, fail_code_, fail_why_);
-    } else if (data.size <= kEagerBytes) {
+    } else if (data.kind == MemoryKind::device && !hub_.device.runtime) {
+      done.fail(req, ErrorCode::invalid_argument, kNoDeviceMemory);
+    } else if (data.size <= kEagerBytes && data.kind == MemoryKind::host) {
       Out o{Out::message, {static_cast<std::uint32_t>(detail::MsgType::eager), 0, tag, data.size, 0, 0, 0}, data, req, 0, 0};
       // Straight out when nothing waits before it and a credit and queue room are there.
       const int e = queue_.empty() && room(true) ? post_message(o, done) : -1;
@@ -197,14 +223,14 @@ class Link {
     } else if (data.size > Policy::kMaxMessageBytes) {
       done.fail(req, ErrorCode::invalid_argument, "message of " + std::to_string(data.size) + " bytes is too large");
     } else {
-      int err = 0;
+      std::string why;
       Registration mr;
       // Registered now, so that registering overlaps the rts and cts, while under the cap;
       // else once the cts came (pump).
-      if (send_regs_ < Policy::kMaxRegistered && !(mr = regs_.get(const_cast<std::byte*>(data.data), data.size, err))) {
+      if (send_regs_ < Policy::kMaxRegistered && !(mr = register_buffer(data.data, data.size, data.kind, why))) {
         // The message cannot go, and later ones on its tag must not overtake it: the link fails.
-        done.fail(req, ErrorCode::system, registration_error(data.size, err));
-        fail(ErrorCode::system, registration_error(data.size, err), true, done);
+        done.fail(req, ErrorCode::system, why);
+        fail(ErrorCode::system, why, true, done);
       } else {
         if (mr) ++send_regs_;
         const std::uint32_t id = next_id_++;
@@ -224,7 +250,9 @@ class Link {
     Kick kick{hub_};
     std::lock_guard lk(hub_.mu);
     detail::RecvOp r{data, req, tag};
-    if (matcher_.take_unexpected(tag, [&](detail::Arrival& a) { match(std::move(r), std::move(a), done); })) {
+    if (data.kind == MemoryKind::device && !hub_.device.runtime) {
+      done.fail(req, ErrorCode::invalid_argument, kNoDeviceMemory);
+    } else if (matcher_.take_unexpected(tag, [&](detail::Arrival& a) { match(std::move(r), std::move(a), done); })) {
     } else if (failed_) {
       done.fail(req, fail_code_, fail_why_);
     } else {
@@ -234,6 +262,39 @@ class Link {
     kick.needed = !queue_.empty();
     return Request(req);
   }
+
+  // --- device memory (dma-buf) -----------------------------------------------------------------
+  /// True when this link takes `bytes` of `rt`'s device memory at `p` as it is (zero-copy): for a
+  /// message above the eager size, where the NIC registers dma-bufs and `rt` exports them (the
+  /// first ask with a runtime exports `p` once to find out). Else the caller stages the message
+  /// through host memory. Says at INFO, once per transport, which path device buffers take.
+  bool device_memory(device::Runtime& rt, const void* p, std::size_t bytes) {
+    if (bytes <= kEagerBytes) return false;
+    std::lock_guard lk(hub_.mu);
+    auto& d = hub_.device;
+    if (d.runtime == &rt) return true;
+    if (!d.nic) return say_staged(d, d.device + " does not register dma-bufs");
+    if (d.refused == &rt) return false;
+    if (d.runtime) return say_staged(d, "another device runtime is bound to this transport");
+    try {
+      const auto x = rt.export_dmabuf(const_cast<void*>(p), bytes);
+      ::close(x.fd);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::unsupported) {
+        chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "rdma peer ", peer_,
+                            ": a device buffer could not be exported, so it is staged: ", e.what());
+        return false;
+      }
+      d.refused = &rt;
+      d.told = false;
+      return say_staged(d, std::string("the ") + std::string(rt.name()) + " runtime exports no dma-buf (" + e.what() + ")");
+    }
+    d.runtime = &rt;
+    chorus::detail::log(chorus::detail::LogLevel::info, rank_, "rdma: device buffers above ", kEagerBytes,
+                        " bytes go zero-copy (dma-buf registration on ", d.device, ", ", rt.name(), " runtime)");
+    return true;
+  }
+  // --- end of device memory (dma-buf) ----------------------------------------------------------
 
   // ---- set-up (transport.hpp, before any traffic) ----
 
@@ -280,6 +341,10 @@ class Link {
                   // fail() every completion is ignored): the peer must hear it too.
                   kind != detail::WrKind::abort, done);
     }
+    // A message polled after this side failed (it was in the CQ before the QP went to ERROR) is
+    // dropped: an rts kept as unexpected would let a later receive match it and wait for writes
+    // that never come, instead of failing with the link.
+    if (failed_) return;
     switch (kind) {
       case detail::WrKind::recv_slot: on_slot(static_cast<std::uint32_t>(low), wc, done); break;
       case detail::WrKind::send_slot: free_send_slots_.push_back(static_cast<std::uint32_t>(low)); break;
@@ -356,6 +421,9 @@ class Link {
 
  private:
   static constexpr std::size_t kEagerBytes = Policy::kSlotBytes - sizeof(detail::Header);
+  static constexpr const char* kNoDeviceMemory =
+      "a buffer in device memory, which this rdma transport does not take (no dma-buf registration: "
+      "Link::device_memory said no); device buffers go through host staging";
   /// One inline message in this many asks for a completion (the others' queue slots are freed
   /// with it).
   static constexpr std::uint32_t kSignalEvery = 32;
@@ -395,6 +463,30 @@ class Link {
     std::uint32_t id;      ///< write: the message
     std::uint64_t offset;  ///< write: the next chunk's
   };
+
+  // --- device memory (dma-buf) -----------------------------------------------------------------
+  /// The registration of a message's buffer: per message through a dma-buf for device memory (of
+  /// the runtime device_memory bound), else from the cache; empty with `why` when it cannot be.
+  Registration register_buffer(const std::byte* p, std::size_t n, MemoryKind kind, std::string& why) {
+    if (kind == MemoryKind::device) {
+      Registration r = regs_.get_device(*hub_.device.runtime, const_cast<std::byte*>(p), n, why);
+      if (r) ++hub_.device.registrations;
+      if (!r) why = "registering " + std::to_string(n) + " bytes of device memory with the RDMA device failed: " + why;
+      return r;
+    }
+    int err = 0;
+    Registration r = regs_.get(const_cast<std::byte*>(p), n, err);
+    if (!r) why = registration_error(n, err);
+    return r;
+  }
+  /// Logs, once per transport, why device buffers go through host staging; false.
+  bool say_staged(detail::DeviceAccess& d, const std::string& why) {
+    if (!d.told)
+      chorus::detail::log(chorus::detail::LogLevel::info, rank_, "rdma: device buffers go through pinned host staging: ", why);
+    d.told = true;
+    return false;
+  }
+  // --- end of device memory (dma-buf) ----------------------------------------------------------
 
   std::string registration_error(std::size_t bytes, int err) const {
     return "registering " + std::to_string(bytes) + " bytes with the RDMA device failed (" + std::strerror(err) +
@@ -459,10 +551,10 @@ class Link {
           break;
         }
     if (send_regs_ >= Policy::kMaxRegistered) return false;
-    int err = 0;
-    s.mr = regs_.get(const_cast<std::byte*>(s.data.data), s.data.size, err);
+    std::string why;
+    s.mr = register_buffer(s.data.data, s.data.size, s.data.kind, why);
     if (!s.mr) {
-      fail(ErrorCode::system, registration_error(s.data.size, err), true, done);
+      fail(ErrorCode::system, why, true, done);
       return false;
     }
     ++send_regs_;
@@ -639,6 +731,14 @@ class Link {
   }
 
   void deliver_eager(detail::RecvOp& r, const std::byte* src, std::size_t n, Completions& done) {
+    if (r.dst.kind == MemoryKind::device) {
+      // No eager copy targets device memory: the sender's buffer took the eager path (a message
+      // of another size, or a sender that is no part of the same call). Nothing is written.
+      done.fail(std::move(r.req), ErrorCode::mismatch,
+                "an eager message of " + std::to_string(n) + " bytes met a receive of " + std::to_string(r.dst.size) +
+                    " bytes into device memory, which takes rendezvous (rts/cts) messages only");
+      return;
+    }
     if (r.dst.size != n) {
       chorus::detail::write_prefix(r.dst, src, n);
       done.fail(std::move(r.req), ErrorCode::mismatch, chorus::detail::size_mismatch(n, r.dst.size));
@@ -675,10 +775,10 @@ class Link {
   }
   /// Registers a matched receive's buffer and answers its cts with the address and rkey.
   void register_recv(detail::RecvOp r, std::uint32_t id, Completions& done) {
-    int err = 0;
-    Registration mr = regs_.get(r.dst.data, r.dst.size, err);
+    std::string why;
+    Registration mr = register_buffer(r.dst.data, r.dst.size, r.dst.kind, why);
     if (!mr) {
-      done.fail(r.req, ErrorCode::system, registration_error(r.dst.size, err));
+      done.fail(r.req, ErrorCode::system, why);
       // The sender waits for an answer: tell it, and everything else on this link, to stop.
       return fail(ErrorCode::peer_failure, "rank " + std::to_string(rank_) + " could not register a receive buffer", true,
                   done);

@@ -17,16 +17,29 @@
 /// caller's live buffer, so the registration names its pages; it goes with the last of them.
 /// A range merely inside another message's range gets its own: the rest of that range may be
 /// freed once the message that named it ends.
+///
+/// Device memory (get_device): registered per message through a dma-buf of the device runtime
+/// (device::Runtime::export_dmabuf, then Verbs::reg_dmabuf_mr; the fd is closed at once, the
+/// registration holds the memory), shared with no other message and never cached: it is made
+/// after the message was posted, while the buffer is the caller's live memory, and deregistered
+/// when the message completes or fails. So a device buffer that is freed and whose addresses are
+/// handed out again is always registered anew, over the new allocation's dma-buf.
+
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "chorus/core/error.hpp"
 #include "chorus/detail/env.hpp"
+#include "chorus/device/runtime.hpp"
 #include "chorus/detail/owned_memory.hpp"
 #include "chorus/transport/rdma/verbs.hpp"
 
@@ -102,6 +115,28 @@ class RegistrationCache {
     in_flight_.push_back({p, n, mr});
     return Registration(std::move(mr), false);
   }
+
+  // --- device memory (dma-buf) -----------------------------------------------------------------
+  /// A registration of device memory [p, p + n) of `rt` for one message (see the top of the
+  /// file); empty, with `why` set, when the runtime cannot export it or the device refuses it.
+  Registration get_device(device::Runtime& rt, void* p, std::size_t n, std::string& why) {
+    device::Runtime::DmabufExport x;
+    try {
+      x = rt.export_dmabuf(p, n);
+    } catch (const Error& e) {
+      why = e.what();
+      return {};
+    }
+    int err = 0;
+    Mr* m = state_->v.reg_dmabuf_mr(x.offset, n, reinterpret_cast<std::uintptr_t>(p), x.fd, kAccess, err);
+    ::close(x.fd);
+    if (!m) {
+      why = std::string("ibv_reg_dmabuf_mr failed (") + std::strerror(err) + ")";
+      return {};
+    }
+    return Registration(std::shared_ptr<Mr>(m, Deregister{&state_->v}), false);
+  }
+  // --- end of device memory (dma-buf) ----------------------------------------------------------
 
   /// Bytes of chorus's own ranges cached now (the user's registered ranges count 0).
   std::size_t bytes() const {

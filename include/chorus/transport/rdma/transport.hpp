@@ -322,6 +322,22 @@ class Transport {
   /// The device port in use.
   const PortInfo& port() const { return engine_->verbs->port(); }
 
+  // --- device memory (dma-buf) -----------------------------------------------------------------
+  /// Device memory over this transport (link.hpp): whether the NIC registers dma-bufs, whether a
+  /// device runtime's buffers go zero-copy (bound by the first call that asked), and how many
+  /// dma-buf registrations messages have made.
+  struct DeviceMemoryStats {
+    bool nic = false;
+    bool zero_copy = false;
+    std::uint64_t registrations = 0;
+  };
+  DeviceMemoryStats device_memory_stats() const {
+    std::lock_guard lk(engine_->hub.mu);
+    const auto& d = engine_->hub.device;
+    return {d.nic, d.runtime != nullptr, d.registrations};
+  }
+  // --- end of device memory (dma-buf) ----------------------------------------------------------
+
   void abort(const Error& why) { chorus::detail::abort_links(*engine_, why); }
 
  private:
@@ -352,6 +368,8 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
   try {
     e.slab = std::make_unique<detail::Slab>(*e.verbs, n, ctx);
     e.regs = std::make_unique<RegistrationCache>(*e.verbs);
+    e.hub.device.nic = e.verbs->dmabuf_supported();
+    e.hub.device.device = e.verbs->port().device;
     const int cqe = static_cast<int>(std::max<std::size_t>(1, n) * (Policy::kSlots + Policy::kSendDepth) + 16);
     e.cq = e.verbs->create_cq(cqe);
   } catch (const VerbsError& v) {
@@ -366,7 +384,8 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
           std::make_unique<Link>(rank_, p, e.hub, *e.verbs, *e.regs, e.slab->memory(i++), b.options.timeout, weak_driver);
   connect(b, peers);
   chorus::detail::log(chorus::detail::LogLevel::info, rank_, "rdma: ", n, " peers over ", port().device, ":", port().port,
-                      " (", port().link_layer, ", GID index ", port().gid_index, ")");
+                      " (", port().link_layer, ", GID index ", port().gid_index, "), dma-buf registration ",
+                      e.hub.device.nic ? "supported" : "not supported");
   engine_->thread = std::thread([eng = engine_] {
     try {
       eng->run();

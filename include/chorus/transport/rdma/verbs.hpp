@@ -15,6 +15,7 @@
 /// serialises them under its own lock); poll_cq and the channel calls come from the thread that
 /// drives the transport.
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -203,6 +204,31 @@ class Verbs {
   virtual Mr* reg_mr(void* addr, std::size_t length, int access, int& err) = 0;
   virtual void dereg_mr(Mr* mr) = 0;
 
+  // --- device memory (dma-buf) -----------------------------------------------------------------
+  /// ibv_reg_dmabuf_mr on the device's protection domain: `length` bytes at `offset` of the
+  /// dma-buf `fd` (device memory a GPU runtime exported, device::Runtime::export_dmabuf), which
+  /// work requests address as [iova, iova + length). The caller keeps `fd`; the registration
+  /// holds the memory by itself (the fd may be closed once this returns). nullptr with `err` set
+  /// on failure (EOPNOTSUPP or EPROTONOSUPPORT: the device or its kernel driver has no dma-buf
+  /// support at all). dereg_mr releases it, as it does a host registration.
+  virtual Mr* reg_dmabuf_mr(std::uint64_t offset, std::size_t length, std::uint64_t iova, int fd, int access,
+                            int& err) = 0;
+  /// Whether this device registers dma-bufs: probed once, by a registration of fd -1 (which can
+  /// only fail), and cached. EOPNOTSUPP or EPROTONOSUPPORT say no; any other errno (EBADF,
+  /// EINVAL: the fd was looked at) says yes.
+  bool dmabuf_supported() {
+    if (dmabuf_ == DmabufProbe::unknown) {
+      int err = 0;
+      Mr* m = reg_dmabuf_mr(0, 4096, 0, -1, kLocalWrite, err);
+      if (m) dereg_mr(m);
+      dmabuf_ = m == nullptr && dmabuf_refused(err) ? DmabufProbe::no : DmabufProbe::yes;
+    }
+    return dmabuf_ == DmabufProbe::yes;
+  }
+  /// The errno values with which a device refuses dma-buf registration as such.
+  static constexpr bool dmabuf_refused(int err) { return err == EOPNOTSUPP || err == EPROTONOSUPPORT; }
+  // --- end of device memory (dma-buf) ----------------------------------------------------------
+
   /// A CQ of at least `cqe` entries with its own completion channel.
   virtual Cq* create_cq(int cqe) = 0;
   virtual void destroy_cq(Cq* cq) = 0;
@@ -232,6 +258,10 @@ class Verbs {
   /// ibv_ack_async_event).
   virtual int async_fd() const = 0;
   virtual bool next_async_event(AsyncEvent& out) = 0;
+
+ private:
+  enum class DmabufProbe : std::uint8_t { unknown, yes, no };
+  DmabufProbe dmabuf_ = DmabufProbe::unknown;
 };
 
 }  // namespace chorus::rdma
