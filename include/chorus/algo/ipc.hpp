@@ -232,14 +232,21 @@ class IpcCollective {
       abort.store(kHostAbort, std::memory_order_release);
       throw;
     }
+    std::uint32_t gave_up = 0;
     if (!done) {
-      abort.store(kHostAbort, std::memory_order_release);
+      // A device wait that already timed out says more than the link that broke since (a peer
+      // that timed out on the same late rank and aborted): keep its word.
+      gave_up = abort.exchange(kHostAbort, std::memory_order_acq_rel);
       x_.wait_stream();  // the waits give up at once now
-      const std::string why = mailbox_link(g_, broken).failure().second;
-      throw Error(ErrorCode::peer_failure, ErrorContext{r_, broken, describe(desc_)},
-                  "rank " + std::to_string(broken) + " failed while this rank's device waited for its data: " + why);
+      if (gave_up == 0 || gave_up == kHostAbort) {
+        const std::string why = mailbox_link(g_, broken).failure().second;
+        throw Error(ErrorCode::peer_failure, ErrorContext{r_, broken, describe(desc_)},
+                    "rank " + std::to_string(broken) + " failed while this rank's device waited for its data: " + why);
+      }
+    } else {
+      gave_up = abort.load(std::memory_order_acquire);
     }
-    if (const std::uint32_t gave_up = abort.load(std::memory_order_acquire); gave_up != 0) {
+    if (gave_up != 0) {
       const int q = static_cast<int>(gave_up) - 1;
       throw Error(ErrorCode::timeout, ErrorContext{r_, q, describe(desc_)},
                   "this rank's device waited more than " + std::to_string(timeout_.count()) + " ms for the data of rank " +
