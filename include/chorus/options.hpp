@@ -7,10 +7,12 @@
 #include <optional>
 #include <string>
 
-#include "chorus/bootstrap/store.hpp"
+#include "chorus/core/error.hpp"
 #include "chorus/detail/env.hpp"
 
 namespace chorus {
+
+class Store;  // bootstrap/store.hpp
 
 struct Options {
   /// This process's rank and the world size; -1 means "from the environment".

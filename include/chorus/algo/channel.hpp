@@ -29,7 +29,7 @@
 #include "chorus/device/runtime.hpp"
 #include "chorus/exec/executor.hpp"
 #include "chorus/mismatch/call_check.hpp"
-#include "chorus/transport/matching.hpp"
+#include "chorus/core/tag.hpp"
 
 namespace chorus::algo {
 

@@ -7,16 +7,9 @@
 #include "chorus/core/buffer.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/request.hpp"
+#include "chorus/core/tag.hpp"
 
 namespace chorus::algo {
-
-/// Internal tag classes (bits 46..40 of a link tag, below the internal bit).
-inline constexpr Tag kTagClassBarrier = Tag(1) << 40;
-inline constexpr Tag kTagClassData = Tag(2) << 40;
-inline constexpr Tag kTagClassDesc = Tag(3) << 40;
-inline constexpr Tag kTagClassError = Tag(4) << 40;
-inline constexpr Tag kSeqMask = (Tag(1) << 32) - 1;  ///< bits 31..0: the call's sequence number
-inline constexpr int kLaneShift = 32;                  ///< bits 39..32: the lane (see Channel)
 
 /// The members of a (sub-)communicator and how to reach them.
 template <Transport T>

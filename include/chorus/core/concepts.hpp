@@ -43,17 +43,16 @@
 #include <string_view>
 #include <vector>
 
-#include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/core/buffer.hpp"
 #include "chorus/core/cost_model.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
+#include "chorus/core/tag.hpp"
 
 namespace chorus {
 
-/// Tags on links are 64-bit: the communicator puts its context id and an internal/user bit
-/// above the user's 31-bit tag so sub-communicators and collectives never see user messages.
-using Tag = std::uint64_t;
+/// What a transport is built from (bootstrap/rendezvous.hpp): named here, defined above this layer.
+struct Bootstrap;
 
 template <class L>
 concept Link = requires(L& l, ConstBytes in, MutableBytes out, Tag tag) {

@@ -34,7 +34,7 @@
 #include "chorus/exec/host.hpp"
 #include "chorus/mismatch/cross_check.hpp"
 #include "chorus/mismatch/herald.hpp"
-#include "chorus/transport/matching.hpp"
+#include "chorus/core/tag.hpp"
 
 namespace chorus {
 

@@ -18,7 +18,7 @@
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
 #include "chorus/detail/log.hpp"
-#include "chorus/transport/matching.hpp"
+#include "chorus/core/tag.hpp"
 
 namespace chorus::mismatch {
 

@@ -20,6 +20,7 @@
 #include <boost/circular_buffer.hpp>
 
 #include "chorus/core/concepts.hpp"
+#include "chorus/core/tag.hpp"
 #include "chorus/detail/env.hpp"
 
 namespace chorus::detail {
@@ -268,26 +269,5 @@ class IdMap {
  private:
   std::vector<value_type> items_;
 };
-
-inline constexpr Tag kInternalTagBit = Tag(1) << 47;
-inline constexpr int kContextShift = 48;
-
-inline std::string describe_tag(Tag t) {
-  std::ostringstream os;
-  const Tag low = t & (kInternalTagBit - 1);
-  if (t & kInternalTagBit)
-    os << "internal tag 0x" << std::hex << low;
-  else
-    os << "tag " << low;
-  if (const Tag ctx = t >> kContextShift; ctx != 0) os << " (context " << std::dec << ctx << ")";
-  return os.str();
-}
-
-/// "send tag 5 (1024 bytes)": the operation part of an error message.
-inline std::string describe_op(const char* verb, Tag tag, std::size_t bytes) {
-  std::ostringstream os;
-  os << verb << ' ' << describe_tag(tag) << " (" << bytes << " bytes)";
-  return os.str();
-}
 
 }  // namespace chorus::detail
