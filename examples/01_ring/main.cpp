@@ -1,6 +1,6 @@
-// 01_ring: the smallest chorus program. Starts N local ranks (or joins a job started by torchrun,
-// mpirun or srun), passes a token around the ring, then streams a buffer around it and reports
-// the time per hop.
+// 01_ring: the smallest chorus program. Starts N local ranks (or joins a job started by mpirun or
+// srun; torchrun cannot start C++ programs yet, docs/sgd.md), passes a token around the ring, then
+// streams a buffer around it and reports the time per hop.
 //
 //   01_ring --nranks 4            # starts 4 ranks on this host
 //   mpirun -np 4 01_ring          # or let a launcher start them

@@ -3,8 +3,11 @@
 // by a GradientSynchronizer whose all-reduces overlap the backward pass, and the weights stay
 // bitwise identical on every rank.
 //
-//   02_train_fashion_mnist --nranks 4 --epochs 10          # 4 local ranks
-//   torchrun --nproc-per-node 4 02_train_fashion_mnist     # or any launcher (MASTER_ADDR/PORT set)
+//   02_train_fashion_mnist --nranks 4 --epochs 10               # 4 local ranks
+//   mpirun -np 4 02_train_fashion_mnist --no-progress           # or under mpirun or srun
+//
+// torchrun does not start C++ programs yet (its agent already serves a store on MASTER_PORT, where
+// rank 0 would open chorus's own; docs/sgd.md).
 //
 // Per epoch it prints the loss, train and test accuracy, images/s, and the measured time per step
 // of computation (T_comp) and of synchronisation not hidden behind it (T_sync), next to the rule
