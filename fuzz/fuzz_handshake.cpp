@@ -6,7 +6,7 @@
 #include <array>
 #include <cstdint>
 
-#include "chorus/bootstrap/handshake.hpp"
+#include "chorus/detail/handshake.hpp"
 #include "fuzz_input.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

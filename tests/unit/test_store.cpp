@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "chorus/bootstrap/file_store.hpp"
-#include "chorus/bootstrap/handshake.hpp"
+#include "chorus/detail/handshake.hpp"
 
 // This file's own names: the files of tests/unit/ are compiled together (unity build).
 namespace unit_test_store {
