@@ -1,5 +1,5 @@
 #pragma once
-/// The fake RDMA fabric of one test case (transport/rdma/fake.hpp): a file in a directory of its
+/// The fake RDMA fabric of one test case (testing/fake_verbs.hpp): a file in a directory of its
 /// own, named to the ranks through CHORUS_IB_FAKE. The parent makes it and removes it; the
 /// children (run_processes re-runs the test case) inherit its path and make nothing.
 /// With CHORUS_TEST_RDMA_REAL=1 (the Soft-RoCE guest, scripts/rdma-guest) there is no fake: the
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "chorus/detail/env.hpp"
+#include "chorus/testing/fake_verbs.hpp"  // what CHORUS_IB_FAKE opens
 #include "support/spawn.hpp"
 
 namespace chorus::test {

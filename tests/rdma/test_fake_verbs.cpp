@@ -1,7 +1,7 @@
-// The fake verbs provider itself (transport/rdma/fake.hpp): two QPs of one process connected to
+// The fake verbs provider itself (testing/fake_verbs.hpp): two QPs of one process connected to
 // each other (the fake copies within a process as across processes), checked the way a NIC would
 // check them: keys, bounds, access, receive lengths, missing receives, flushes, the completion
-// channel, dma-buf registration, and the registration cache (transport/rdma/registration.hpp) on
+// channel, dma-buf registration, and the registration cache (transport/rdma/detail/registration.hpp) on
 // top of it.
 #include <doctest/doctest.h>
 
@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "chorus/detail/owned_memory.hpp"
-#include "chorus/device/sim_runtime.hpp"
 #include "chorus/registered_memory.hpp"
-#include "chorus/transport/rdma/fake.hpp"
-#include "chorus/transport/rdma/registration.hpp"
+#include "chorus/testing/fake_verbs.hpp"
+#include "chorus/device/sim_runtime.hpp"
+#include "chorus/transport/rdma/detail/registration.hpp"
 #include "rdma/fabric.hpp"
 
 namespace rdma_test_fake_verbs {

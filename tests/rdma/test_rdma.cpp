@@ -1,4 +1,4 @@
-// The rdma transport (transport/rdma) over the in-repo fake provider (transport/rdma/fake.hpp),
+// The rdma transport (transport/rdma) over the in-repo fake provider (testing/fake_verbs.hpp),
 // ranks as real processes sharing one fake fabric: every protocol (eager inline and from a slot,
 // rts/cts with RDMA writes in chunks, credits), the size checks, the choice of transport=auto, and
 // the collective matrix (support/device_matrix.hpp: every collective x the ten dtypes x every op
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "chorus/communicator.hpp"
-#include "chorus/device/sim_runtime.hpp"
 #include "chorus/registered_memory.hpp"
+#include "chorus/device/sim_runtime.hpp"
 #include "chorus/transport/hybrid/transport.hpp"
 #include "chorus/transport/rdma/transport.hpp"
 #include "rdma/fabric.hpp"

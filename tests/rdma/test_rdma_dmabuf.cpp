@@ -1,6 +1,6 @@
 // Device memory over the rdma transport with dma-buf registration (transport/rdma/link.hpp), on
-// the fake verbs (transport/rdma/fake.hpp) and the simulated device runtime
-// (device/sim_runtime.hpp), ranks as real processes: device collectives whose messages are past
+// the fake verbs (testing/fake_verbs.hpp) and the simulated device runtime
+// (testing/sim_runtime.hpp), ranks as real processes: device collectives whose messages are past
 // the eager size go zero-copy and equal the host path bit for bit; with the fake's
 // dmabuf_unsupported fault the same collectives go through host staging; a receive into device
 // memory that meets an eager message fails with mismatch and writes nothing.

@@ -1,4 +1,4 @@
-// Faults injected into the fake verbs provider (CHORUS_IB_FAKE_FAULT, transport/rdma/fake.hpp) of
+// Faults injected into the fake verbs provider (CHORUS_IB_FAKE_FAULT, testing/fake_verbs.hpp) of
 // one rank: each ends in a clear error on every rank (peer_failure, or system where the faulty
 // rank's own call failed), never a hang and never the timeout; the faulty rank's error names the
 // peer and the verbs status. A legal but unusual provider behaviour (completions handed out one

@@ -204,6 +204,10 @@ class DrivenEngine : public Driver {
 
   bool stopped() const { return stop.load(std::memory_order_relaxed); }
 
+  /// What the engine does when its transport goes, before `stop` is set (EngineTransport,
+  /// transport/shell.hpp): nothing, unless the engine hides this with its own.
+  void on_stop() {}
+
  private:
   /// Drives until `ready()` or `deadline` (or the engine stops). `settle(t)`: how to wait, until
   /// at most t, while another caller holds the token.

@@ -1,19 +1,23 @@
 #pragma once
 /// The shell that the transports share around their links: the request a link operation returns,
-/// the checks of link(peer) and the abort that fails every link (the engine-driven tcp and shm use
-/// all three; inproc, whose requests have no engine and whose abort breaks its in-process world,
-/// uses the peer check), and the completions a link gathers under its lock and runs after it. A new
-/// transport folder uses these rather than writing them again.
+/// the checks of link(peer), the completions a link gathers under its lock and runs after it, and
+/// EngineTransport, the whole Transport block of the engine-driven transports (tcp, shm, rdma: the
+/// link table, link(peer), memory_bytes(), abort(), the progress thread and the stop). inproc,
+/// whose requests have no engine and whose abort breaks its in-process world, uses the peer check;
+/// cuda_ipc the link check. A new transport folder uses these rather than writing them again.
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include <boost/container/small_vector.hpp>
 
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
+#include "chorus/detail/log.hpp"
 #include "chorus/transport/matching.hpp"
 
 namespace chorus::detail {
@@ -73,15 +77,6 @@ L& checked_link(const std::vector<std::unique_ptr<L>>& links, int rank, int size
   return *links[static_cast<std::size_t>(peer)];
 }
 
-/// memory_bytes() of a transport `self` whose links sit in `links`: itself and what each link holds.
-template <class T, class L>
-std::size_t links_memory_bytes(const T& self, const std::vector<std::unique_ptr<L>>& links) {
-  std::size_t b = sizeof(self);
-  for (const auto& l : links)
-    if (l) b += l->memory_bytes();
-  return b;
-}
-
 /// The bounds check of link(peer) for a transport that has a link to every rank, itself included
 /// (inproc): invalid_argument naming `op`.
 inline void check_peer(int rank, int size, int peer, const char* op) {
@@ -90,12 +85,108 @@ inline void check_peer(int rank, int size, int peer, const char* op) {
                 "peer " + std::to_string(peer) + " is not a rank of this transport (size " + std::to_string(size) + ")");
 }
 
-/// abort(why) of an engine-driven transport: fails every link with why's code. A mismatch is told
-/// to every rank by the communicator itself, so for it the connections stay open; any other abort
-/// closes them (peers see EOF).
-template <class Engine>
-void abort_links(Engine& engine, const Error& why) {
-  engine.fail_all(why.code(), std::string("aborted: ") + why.what(), why.code() != ErrorCode::mismatch);
-}
+/// The Transport block of an engine-driven transport, written once for tcp, shm and rdma: the
+/// rank and size, link(peer) over the engine's link table, memory_bytes(), abort(), the progress
+/// thread, and the stop when the transport goes. A backend derives from it (CRTP: its kName names
+/// the errors and the log lines, its size counts in memory_bytes()), fills the engine's links in
+/// its constructor, connects them, and calls start_progress_thread() last.
+///
+/// `Engine` derives from DrivenEngine<Engine> (transport/progress.hpp) and has:
+///   std::vector<std::unique_ptr<Link>> links;   by peer; null where there is no link
+///   std::thread thread;                         the progress thread (started here)
+///   void fail_all(ErrorCode, std::string why, bool close);   fails every link, from any thread;
+///                                               close: peers hear of it (EOF, an abort word)
+///   void run();                                 the progress thread's loop, until `stop`
+///   static constexpr bool kRunAgainAfterError;  whether the thread runs run() again after it
+///                                               threw (tcp: a handler's exception leaves the
+///                                               io_context usable), else every link fails
+///   void on_stop();                             optional: what must go before `stop` is set
+///                                               (tcp: the work guard); DrivenEngine's does nothing
+template <class Derived, class Engine, class Link>
+class EngineTransport {
+ public:
+  EngineTransport(const EngineTransport&) = delete;
+  EngineTransport& operator=(const EngineTransport&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  /// The link to `peer`; invalid_argument naming "<kind> link" for this rank itself, a rank out of
+  /// range, or one this transport has no link to.
+  Link& link(int peer) {
+    static const std::string op = std::string(Derived::kName) + " link";
+    static const std::string none = "no " + std::string(Derived::kName) + " link to this peer";
+    return checked_link(engine_->links, rank_, size_, peer, op.c_str(),
+                        "no link to this rank itself (send to self is not supported)", none.c_str());
+  }
+
+  /// Bytes the transport holds: itself and what each link holds (Link::memory_bytes()).
+  std::size_t memory_bytes() const {
+    std::size_t b = sizeof(Derived);
+    for (const auto& l : engine_->links)
+      if (l) b += l->memory_bytes();
+    return b;
+  }
+
+  /// Fails every link with why's code (peer_failure for a user abort, mismatch when a collective
+  /// mismatch is being spread). A mismatch is told to every rank by the communicator itself, so
+  /// for it the connections stay open (peers then get the mismatch, not a closed connection); any
+  /// other abort closes them (peers see EOF, or their abort word).
+  void abort(const Error& why) {
+    engine_->fail_all(why.code(), std::string("aborted: ") + why.what(), why.code() != ErrorCode::mismatch);
+  }
+
+ protected:
+  /// Checks the peer mask's size and CHORUS_MAX_BUFFERED_BYTES, and makes the engine with a slot
+  /// for every rank's link.
+  EngineTransport(int rank, int size, std::size_t mask_size)
+      : rank_(rank), size_(size), engine_(std::make_shared<Engine>()) {
+    if (mask_size != static_cast<std::size_t>(size_))
+      throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, -1, std::string(Derived::kName)},
+                  "peer mask of the wrong size");
+    (void)buffered_cap();  // a bad CHORUS_MAX_BUFFERED_BYTES fails here, not in a link
+    engine_->links.resize(static_cast<std::size_t>(size_));
+  }
+
+  /// Fails every link ("the communicator was destroyed"; peers see it) and ends the progress
+  /// thread: joined, or detached when the transport is destroyed on that very thread (a
+  /// completion callback dropping the last owner), which shares the engine and ends once run()
+  /// returns. A transport whose constructor threw never started one, and fails nothing.
+  ~EngineTransport() {
+    Engine& e = *engine_;
+    if (!e.thread.joinable()) return;
+    e.fail_all(ErrorCode::peer_failure, "the communicator was destroyed", true);
+    e.on_stop();
+    e.stop.store(true);
+    e.wake_background();
+    e.token.unpark();
+    if (e.thread.get_id() == std::this_thread::get_id())
+      e.thread.detach();
+    else
+      e.thread.join();
+  }
+
+  /// Starts the progress thread, once the links are connected (the last step of construction).
+  void start_progress_thread() {
+    engine_->thread = std::thread([eng = engine_, rank = rank_] {
+      for (;;) {
+        try {
+          eng->run();
+          return;
+        } catch (const std::exception& e) {
+          log(LogLevel::warn, rank, Derived::kName, " progress thread: ", e.what());
+          if constexpr (!Engine::kRunAgainAfterError) {
+            eng->fail_all(ErrorCode::system, std::string(Derived::kName) + " progress thread failed: " + e.what(), true);
+            return;
+          }
+        }
+      }
+    });
+  }
+
+  int rank_;
+  int size_;
+  std::shared_ptr<Engine> engine_;
+};
 
 }  // namespace chorus::detail

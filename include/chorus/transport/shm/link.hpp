@@ -19,6 +19,9 @@
 /// the caller's thread and by whichever thread drives the engine (a waiting caller, or the
 /// background thread; see transport/progress.hpp). Requests are completed after that mutex is
 /// released (Completions), since a completion may call back into the transport.
+///
+/// Files: this one has the Link (its state and the short members), detail/link_send.hpp the way
+/// out, detail/link_receive.hpp the way in, detail/segment.hpp the rings and mailboxes.
 
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -123,50 +126,10 @@ class Link {
   /// receives (at most Policy::kMaxUnexpectedBytes: the ring is not read past it).
   std::size_t memory_bytes() const { return sizeof(*this) + detail::kSegmentBytes + unexpected_bytes_; }
 
-  Request isend(ConstBytes data, Tag tag) {
-    auto req = make_request("send", tag, data.size);
-    detail::Completions done;
-    bool kick = false;
-    {
-      std::lock_guard lk(hub_.mu);
-      if (failed_) {
-        done.fail(req, fail_code_, fail_why_);
-      } else if (data.size <= Policy::kEagerBytes) {
-        detail::Record h = detail::make_record(detail::RecordType::eager, tag, data.size);
-        h.payload = data.size;
-        kick = !post({h, data, req}, done);
-      } else if (data.size > Policy::kMaxMessageBytes) {
-        done.fail(req, ErrorCode::invalid_argument, "message of " + std::to_string(data.size) + " bytes is too large");
-      } else {
-        const std::uint64_t id = next_send_id_++;
-        pending_sends_.emplace(id, PendingSend{data, req});
-        detail::Record h = detail::make_record(detail::RecordType::rts, tag, data.size, id);
-        h.addr = reinterpret_cast<std::uintptr_t>(data.data);
-        kick = !post({h, {}, nullptr}, done);
-      }
-    }
-    if (kick) hub_.kick();
-    return Request(req);
-  }
-
-  Request irecv(MutableBytes data, Tag tag) {
-    auto req = make_request("recv", tag, data.size);
-    detail::Completions done;
-    bool kick = false;
-    {
-      std::lock_guard lk(hub_.mu);
-      detail::RecvOp r{data, req, tag};
-      if (matcher_.take_unexpected(tag, [&](detail::Arrival& a) { kick = match(std::move(r), std::move(a), done); })) {
-      } else if (failed_) {
-        done.fail(req, fail_code_, fail_why_);
-      } else {
-        matcher_.add_posted(tag, std::move(r));
-      }
-      if (!queue_.empty()) kick = !pump(done) || kick;
-    }
-    if (kick) hub_.kick();
-    return Request(req);
-  }
+  /// Sends `data` on `tag`: eager, or rts and a pull or a stream (detail/link_send.hpp).
+  Request isend(ConstBytes data, Tag tag);
+  /// Receives into `data` on `tag` (detail/link_receive.hpp).
+  Request irecv(MutableBytes data, Tag tag);
 
   // ---- set-up (before the progress thread starts) ----
 
@@ -348,190 +311,25 @@ class Link {
 
   /// Writes `o` at once when nothing waits before it and the ring has room (no queue operation on
   /// the common path), else queues it behind the others. True when nothing is left queued.
-  bool post(detail::OutRecord o, detail::Completions& done) {
-    if (queue_.empty() && !o.stream && !failed_ && map_.valid() && out_.try_write(o.h, o.payload.data)) {
-      if (o.req) done.complete(std::move(o.req), o.payload.size);
-      if (out_.take_reader_sleeping()) ring_doorbell();
-      return true;
-    }
-    chorus::detail::push_back_growing(queue_, std::move(o));
-    return pump(done);
-  }
+  bool post(detail::OutRecord o, detail::Completions& done);
 
   /// Writes queued records while there is room; true when the queue is empty.
-  bool pump(detail::Completions& done) {
-    if (failed_ || !map_.valid()) return queue_.empty();
-    bool wrote = false;
-    while (!queue_.empty()) {
-      auto& o = queue_.front();
-      if (o.stream) {
-        const std::size_t len = std::min(Policy::kStreamChunkBytes, o.payload.size - o.offset);
-        detail::Record h = detail::make_record(detail::RecordType::data, 0, o.payload.size, o.h.id);
-        h.offset = o.offset;
-        h.payload = len;
-        if (!out_.try_write(h, o.payload.data + o.offset)) break;
-        wrote = true;
-        o.offset += len;
-        if (o.offset < o.payload.size) continue;
-      } else {
-        if (!out_.try_write(o.h, o.payload.data)) break;
-        wrote = true;
-      }
-      if (o.req) done.complete(std::move(o.req), o.payload.size);
-      queue_.pop_front();
-    }
-    if (wrote && out_.take_reader_sleeping()) ring_doorbell();
-    return queue_.empty();
-  }
+  bool pump(detail::Completions& done);
 
   /// Reads every complete record of the incoming ring. True when any was read.
-  bool drain(detail::Completions& done) {
-    bool any = false;
-    std::string bad;
-    while (!paused_) {
-      const detail::Record* r = in_.peek(bad);
-      if (!r) break;
-      if (!on_record(*r, done)) break;  // paused, or the link broke
-      in_.pop(r);
-      any = true;
-    }
-    if (!bad.empty()) protocol_error(bad, done);
-    if (any && in_.take_writer_sleeping()) ring_doorbell();
-    return any;
-  }
+  bool drain(detail::Completions& done);
 
   /// Handles one record; false when it must stay in the ring (paused) or the link broke.
-  bool on_record(const detail::Record& h, detail::Completions& done) {
-    using detail::RecordType;
-    if (std::string bad = detail::record_problem(h); !bad.empty()) {
-      protocol_error(bad, done);
-      return false;
-    }
-    switch (static_cast<RecordType>(h.type)) {
-      case RecordType::eager: {
-        const std::byte* src = detail::RingReader::payload(&h);
-        if (auto r = matcher_.take_posted(h.tag)) {
-          if (r->dst.size != h.size) {
-            chorus::detail::write_prefix(r->dst, src, h.size);
-            done.fail(r->req, ErrorCode::mismatch, detail::size_mismatch(h.size, r->dst.size));
-          } else {
-            if (h.size) std::memcpy(r->dst.data, src, h.size);
-            done.complete(r->req, h.size);
-          }
-          return true;
-        }
-        if (unexpected_bytes_ > 0 && unexpected_bytes_ + h.size > Policy::kMaxUnexpectedBytes) {
-          paused_ = true;
-          return false;
-        }
-        if (chorus::detail::over_buffered_cap(h.size)) {
-          fail(ErrorCode::system, chorus::detail::buffered_cap_error(h.size), true, done);
-          return false;
-        }
-        unexpected_bytes_ += h.size;
-        matcher_.add_unexpected(h.tag, detail::EagerArrival{spare_.take(src, h.size)});
-        return true;
-      }
-      case RecordType::rts: {
-        if (auto r = matcher_.take_posted(h.tag))
-          accept_rts(std::move(*r), h.size, h.id, h.addr, done);
-        else
-          matcher_.add_unexpected(h.tag, detail::RtsArrival{h.size, h.id, h.addr});
-        return true;
-      }
-      case RecordType::fin: {
-        auto it = pending_sends_.find(h.id);
-        if (it == pending_sends_.end()) {
-          protocol_error("completion of unknown message " + std::to_string(h.id), done);
-          return false;
-        }
-        PendingSend s = std::move(it->second);
-        pending_sends_.erase(it);
-        if (h.flags & detail::kFinReject)
-          done.fail(s.req, ErrorCode::mismatch, detail::size_mismatch(s.data.size, h.size));
-        else
-          done.complete(s.req, s.data.size);
-        return true;
-      }
-      case RecordType::cts: {
-        auto it = pending_sends_.find(h.id);
-        if (it == pending_sends_.end()) {
-          protocol_error("clear-to-send for unknown message " + std::to_string(h.id), done);
-          return false;
-        }
-        PendingSend s = std::move(it->second);
-        pending_sends_.erase(it);
-        detail::OutRecord o{detail::make_record(detail::RecordType::data, 0, s.data.size, h.id), s.data, s.req};
-        o.stream = true;
-        chorus::detail::push_back_growing(queue_, std::move(o));
-        pump(done);
-        return true;
-      }
-      case RecordType::data: {
-        auto it = active_recv_.find(h.id);
-        if (it == active_recv_.end() || h.offset != it->second.received ||
-            h.offset + h.payload > it->second.recv.dst.size || h.size != it->second.recv.dst.size) {
-          protocol_error("data record out of place for message " + std::to_string(h.id), done);
-          return false;
-        }
-        auto& a = it->second;
-        if (h.payload) std::memcpy(a.recv.dst.data + h.offset, detail::RingReader::payload(&h), h.payload);
-        a.received += h.payload;
-        if (a.received == a.recv.dst.size) {
-          done.complete(a.recv.req, a.received);
-          active_recv_.erase(it);
-        }
-        return true;
-      }
-      case RecordType::pad:
-        break;
-    }
-    protocol_error("unknown record type " + std::to_string(h.type), done);
-    return false;
-  }
+  bool on_record(const detail::Record& h, detail::Completions& done);
 
   /// A receive met its message (caller's thread or progress thread); true when the progress
   /// thread has work for it (a pull).
-  bool match(detail::RecvOp r, detail::Arrival a, detail::Completions& done) {
-    if (auto* e = std::get_if<detail::EagerArrival>(&a)) {
-      unexpected_bytes_ -= e->data.size();
-      if (e->data.size() != r.dst.size) {
-        chorus::detail::write_prefix(r.dst, e->data.data(), e->data.size());
-        done.fail(r.req, ErrorCode::mismatch, detail::size_mismatch(e->data.size(), r.dst.size));
-      } else {
-        if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
-        done.complete(r.req, e->data.size());
-      }
-      spare_.give(std::move(e->data));
-      if (paused_ && unexpected_bytes_ <= Policy::kMaxUnexpectedBytes / 2) {
-        paused_ = false;
-        return true;
-      }
-      return false;
-    }
-    const auto& rts = std::get<detail::RtsArrival>(a);
-    accept_rts(std::move(r), rts.size, rts.id, rts.addr, done);
-    return !pulls_.empty();
-  }
+  bool match(detail::RecvOp r, detail::Arrival a, detail::Completions& done);
 
   /// A large message and its receive have met: pull it (CMA), or clear the sender to stream it,
   /// or reject a size mismatch on both sides.
   void accept_rts(detail::RecvOp r, std::uint64_t size, std::uint64_t id, std::uint64_t addr,
-                  detail::Completions& done) {
-    if (size != r.dst.size) {
-      detail::Record h = detail::make_record(detail::RecordType::fin, 0, r.dst.size, id);
-      h.flags = detail::kFinReject;
-      done.fail(r.req, ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
-      return enqueue(h, done);
-    }
-    if (cma_) {
-      chorus::detail::push_back_growing(pulls_, detail::Pull{std::move(r), id, addr, size});
-      return;
-    }
-    if (!active_recv_.emplace(id, ActiveRecv{std::move(r), 0}).second)
-      return protocol_error("duplicate message id", done);
-    enqueue(detail::make_record(detail::RecordType::cts, 0, size, id), done);
-  }
+                  detail::Completions& done);
 
   void protocol_error(const std::string& what, detail::Completions& done) {
     chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "shm peer ", peer_, ": protocol error: ", what);
@@ -569,3 +367,7 @@ class Link {
 };
 
 }  // namespace chorus::shm
+
+// The bodies of the way out and the way in.
+#include "chorus/transport/shm/detail/link_receive.hpp"
+#include "chorus/transport/shm/detail/link_send.hpp"

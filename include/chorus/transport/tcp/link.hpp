@@ -17,6 +17,9 @@
 /// Threading: isend/irecv may be called from any thread; they post to the io_context, and only the
 /// thread that runs it (a waiting caller or the background thread, one at a time: see
 /// transport/progress.hpp) touches the socket and the matching state.
+///
+/// Files: this one has the Link (its state and the short members) and the frame format,
+/// detail/link_send.hpp the way out (the writer), detail/link_receive.hpp the way in (the reader).
 
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -204,55 +207,15 @@ class Link {
     return chorus::detail::make_link_request(requests_, verb, tag, bytes);
   }
 
-  void start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req) {
-    if (failed_) return req->fail(fail_code_, fail_why_);
-    if (data.size <= Policy::kEagerBytes) {
-      enqueue({{static_cast<std::uint32_t>(detail::FrameType::eager), 0, tag, data.size, 0}, data, req});
-    } else {
-      const std::uint64_t id = next_send_id_++;
-      pending_rts_.emplace(id, PendingSend{data, req});
-      enqueue({{static_cast<std::uint32_t>(detail::FrameType::rts), 0, tag, data.size, id}, {}, nullptr});
-    }
-  }
+  void start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req);
 
-  void start_recv(detail::RecvOp r) {
-    if (matcher_.take_unexpected(r.tag, [&](detail::Arrival& a) { match(std::move(r), std::move(a)); })) return;
-    if (failed_) return r.req->fail(fail_code_, fail_why_);
-    const Tag tag = r.tag;
-    matcher_.add_posted(tag, std::move(r));
-  }
+  void start_recv(detail::RecvOp r);
 
-  void match(detail::RecvOp r, detail::Arrival a) {
-    if (auto* e = std::get_if<detail::EagerArrival>(&a)) {
-      unexpected_bytes_ -= e->data.size();
-      if (e->data.size() != r.dst.size) {
-        chorus::detail::write_prefix(r.dst, e->data.data(), e->data.size());
-        r.req->fail(ErrorCode::mismatch, detail::size_mismatch(e->data.size(), r.dst.size));
-      } else {
-        if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
-        r.req->complete(e->data.size());
-      }
-      spare_.give(std::move(e->data));
-      if (paused_ && unexpected_bytes_ <= Policy::kMaxUnexpectedBytes) {
-        paused_ = false;
-        read_header();
-      }
-      return;
-    }
-    const auto& rts = std::get<detail::RtsArrival>(a);
-    accept_rts(std::move(r), rts.size, rts.id);
-  }
+  void match(detail::RecvOp r, detail::Arrival a);
 
   /// A large message and its receive have met: clear the sender to send, or reject a size mismatch
   /// on both sides.
-  void accept_rts(detail::RecvOp r, std::uint64_t size, std::uint64_t id) {
-    if (size != r.dst.size) {
-      enqueue({{static_cast<std::uint32_t>(detail::FrameType::cts), detail::kCtsReject, 0, r.dst.size, id}, {}, nullptr});
-      return r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
-    }
-    if (!active_recv_.emplace(id, std::move(r)).second) return protocol_error("duplicate message id");
-    enqueue({{static_cast<std::uint32_t>(detail::FrameType::cts), 0, 0, size, id}, {}, nullptr});
-  }
+  void accept_rts(detail::RecvOp r, std::uint64_t size, std::uint64_t id);
 
   // ---- writing: one async_write at a time, frames in queue order ----
   // The first frame queued on an idle link does not start a write at once: the write runs from a
@@ -262,74 +225,13 @@ class Link {
 
   static constexpr std::size_t kMaxBatch = 32;  ///< frames per write
 
-  void enqueue(detail::OutFrame f) {
-    // Nothing queued and no write in flight: the frame goes straight to the socket (one sendmsg,
-    // no Asio operation). What the socket does not take waits in the queue for an async_write.
-    if (!writing_ && !write_posted_ && write_queue_.empty() && !failed_) {
-      f.sent = send_now(f.h, f.payload);
-      if (f.sent == sizeof f.h + f.payload.size) {
-        if (f.req) f.req->complete(f.payload.size);
-        return;
-      }
-    }
-    chorus::detail::push_back_growing(write_queue_, std::move(f));
-    if (writing_ || write_posted_) return;
-    write_posted_ = true;
-    asio::post(io_, detail::bind_memory(handlers_, [this] {
-      write_posted_ = false;
-      write_next();
-    }));
-  }
+  void enqueue(detail::OutFrame f);
 
-  void write_next() {
-    if (writing_ || failed_ || write_queue_.empty()) return;
-    writing_ = true;
-    // The frames stay in the queue until the write completes; their headers are copied to
-    // batch_headers_, since the queue may reallocate while more frames are appended.
-    batch_.clear();
-    batch_frames_ = 0;
-    for (auto& f : write_queue_) {
-      if (batch_frames_ == kMaxBatch) break;
-      batch_headers_[batch_frames_] = f.h;  // the queue may grow (and move) during the write
-      // f.sent: bytes send_now() wrote already (the first frame only).
-      const auto* head = reinterpret_cast<const std::byte*>(&batch_headers_[batch_frames_]);
-      if (f.sent < sizeof f.h) batch_.push_back(asio::buffer(head + f.sent, sizeof f.h - f.sent));
-      const std::size_t skip = f.sent > sizeof f.h ? f.sent - sizeof f.h : 0;
-      if (f.payload.size > skip) batch_.push_back(asio::buffer(f.payload.data + skip, f.payload.size - skip));
-      ++batch_frames_;
-    }
-    asio::async_write(socket_, detail::BufferRange{batch_.data(), batch_.data() + batch_.size()}, detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t) {
-      writing_ = false;
-      if (failed_) return write_queue_.clear();
-      if (ec) return fail(ErrorCode::peer_failure, "write to peer failed: " + ec.message());
-      // Take the written frames off the queue before completing any: a completion may fail this
-      // link (an abort), which clears the queue.
-      std::array<std::pair<detail::ReqPtr, std::size_t>, kMaxBatch> done;
-      const std::size_t k = batch_frames_;
-      for (std::size_t i = 0; i < k; ++i) {
-        auto& f = write_queue_.front();
-        done[i] = {std::move(f.req), f.payload.size};
-        write_queue_.pop_front();
-      }
-      for (std::size_t i = 0; i < k; ++i)
-        if (done[i].first) done[i].first->complete(done[i].second);
-      write_next();
-    }));
-  }
+  void write_next();
 
   /// Writes what the socket takes of a frame now, without blocking; the bytes written (0 on
   /// EAGAIN or an error, which the async_write that follows then reports).
-  std::size_t send_now(const detail::FrameHeader& h, ConstBytes payload) {
-    iovec iov[2] = {{const_cast<detail::FrameHeader*>(&h), sizeof h}, {const_cast<std::byte*>(payload.data), payload.size}};
-    msghdr m{};
-    m.msg_iov = iov;
-    m.msg_iovlen = payload.size != 0 ? 2 : 1;
-    ssize_t k;
-    do {
-      k = ::sendmsg(socket_.native_handle(), &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-    } while (k < 0 && errno == EINTR);
-    return k > 0 ? static_cast<std::size_t>(k) : 0;
-  }
+  std::size_t send_now(const detail::FrameHeader& h, ConstBytes payload);
 
   // ---- reading: header, then the payload it announces ----
 
@@ -339,40 +241,10 @@ class Link {
   // read_header() parses in a loop (a trampoline: a handler that calls it while it runs only asks
   // for another round), so a burst of buffered frames does not nest calls.
 
-  void read_header() {
-    if (parsing_) {
-      again_ = true;
-      return;
-    }
-    parsing_ = true;
-    do {
-      again_ = false;
-      if (failed_) break;
-      if (in_end_ - in_begin_ >= sizeof in_) {
-        std::memcpy(&in_, inbuf_.data() + in_begin_, sizeof in_);
-        in_begin_ += sizeof in_;
-        on_header();
-      } else {
-        fill_inbuf();
-      }
-    } while (again_);
-    parsing_ = false;
-  }
+  void read_header();
 
   /// Reads what the socket has (at least one byte) behind the bytes still buffered, then parses.
-  void fill_inbuf() {
-    const std::size_t left = in_end_ - in_begin_;
-    if (left != 0 && in_begin_ != 0) std::memmove(inbuf_.data(), inbuf_.data() + in_begin_, left);
-    in_begin_ = 0;
-    in_end_ = left;
-    socket_.async_read_some(asio::buffer(inbuf_.data() + in_end_, inbuf_.size() - in_end_),
-                            detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t n) {
-                              if (failed_) return;
-                              if (ec) return on_read_error(ec);
-                              in_end_ += n;
-                              read_header();
-                            }));
-  }
+  void fill_inbuf();
 
   void on_read_error(const boost::system::error_code& ec) {
     if (ec == asio::error::eof || ec == asio::error::connection_reset)
@@ -385,95 +257,13 @@ class Link {
     fail(ErrorCode::peer_failure, "protocol error from peer: " + what);
   }
 
-  void on_header() {
-    const auto h = in_;
-    if (std::string bad = detail::frame_header_problem(h); !bad.empty()) return protocol_error(bad);
-    switch (static_cast<detail::FrameType>(h.type)) {
-      case detail::FrameType::eager: {
-        if (auto r = matcher_.take_posted(h.tag)) {
-          if (r->dst.size != h.size) {
-            scratch_.resize(h.size);
-            auto req = r->req;
-            return read_payload(
-                {scratch_.data(), scratch_.size()},
-                [this, r = std::move(*r), size = h.size] {
-                  chorus::detail::write_prefix(r.dst, scratch_.data(), size);
-                  r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
-                },
-                std::move(req));
-          }
-          auto req = r->req;
-          return read_payload(r->dst, [r = std::move(*r), size = h.size] { r.req->complete(size); }, std::move(req));
-        }
-        if (chorus::detail::over_buffered_cap(h.size))
-          return fail(ErrorCode::system, chorus::detail::buffered_cap_error(h.size));
-        // One payload is read at a time: into a spare buffer, kept here until it is in.
-        unexpected_in_ = spare_.take(h.size);
-        return read_payload({unexpected_in_.data(), unexpected_in_.size()}, [this, tag = h.tag] {
-          // A receive may have been posted while the payload was being read.
-          unexpected_bytes_ += unexpected_in_.size();
-          if (auto r = matcher_.take_posted(tag))
-            return match(std::move(*r), detail::EagerArrival{std::move(unexpected_in_)});
-          matcher_.add_unexpected(tag, detail::EagerArrival{std::move(unexpected_in_)});
-          if (unexpected_bytes_ > Policy::kMaxUnexpectedBytes) paused_ = true;
-        });
-      }
-      case detail::FrameType::rts: {
-        if (auto r = matcher_.take_posted(h.tag))
-          accept_rts(std::move(*r), h.size, h.id);
-        else
-          matcher_.add_unexpected(h.tag, detail::RtsArrival{h.size, h.id});
-        return read_header();
-      }
-      case detail::FrameType::cts: {
-        auto it = pending_rts_.find(h.id);
-        if (it == pending_rts_.end()) return protocol_error("clear-to-send for unknown message " + std::to_string(h.id));
-        PendingSend s = std::move(it->second);
-        pending_rts_.erase(it);
-        if (h.flags & detail::kCtsReject)
-          s.req->fail(ErrorCode::mismatch, detail::size_mismatch(s.data.size, h.size));
-        else
-          enqueue({{static_cast<std::uint32_t>(detail::FrameType::data), 0, 0, s.data.size, h.id}, s.data, s.req});
-        return read_header();
-      }
-      case detail::FrameType::data: {
-        auto it = active_recv_.find(h.id);
-        if (it == active_recv_.end()) return protocol_error("data for unknown message " + std::to_string(h.id));
-        if (it->second.dst.size != h.size) return protocol_error("data frame size differs from its announcement");
-        detail::RecvOp r = std::move(it->second);
-        active_recv_.erase(it);
-        MutableBytes dst = r.dst;
-        auto req = r.req;
-        return read_payload(dst, [r = std::move(r), size = h.size] { r.req->complete(size); }, std::move(req));
-      }
-    }
-  }
+  void on_header();
 
   /// Reads exactly dst.size bytes, runs `done`, then goes on with the next header (unless paused).
   /// `into` is the receive whose buffer is being filled, if any: fail() fails it should the link
   /// break mid-payload.
   template <class F>
-  void read_payload(MutableBytes dst, F done, detail::ReqPtr into = nullptr) {
-    // What is buffered first, then the rest from the socket.
-    const std::size_t have = std::min(dst.size, in_end_ - in_begin_);
-    if (have != 0) std::memcpy(dst.data, inbuf_.data() + in_begin_, have);
-    in_begin_ += have;
-    if (have == dst.size) {
-      done();
-      if (!paused_) read_header();
-      return;
-    }
-    reading_into_ = std::move(into);
-    asio::async_read(socket_, asio::buffer(dst.data + have, dst.size - have),
-                     detail::bind_memory(handlers_, [this, done = std::move(done)](const boost::system::error_code& ec,
-                                                                                   std::size_t) mutable {
-                       if (failed_) return;
-                       if (ec) return on_read_error(ec);
-                       reading_into_.reset();
-                       done();
-                       if (!paused_) read_header();
-                     }));
-  }
+  void read_payload(MutableBytes dst, F done, detail::ReqPtr into = nullptr);
 
   struct PendingSend {
     ConstBytes data;
@@ -521,3 +311,7 @@ class Link {
 };
 
 }  // namespace chorus::tcp
+
+// The bodies of the way out and the way in.
+#include "chorus/transport/tcp/detail/link_receive.hpp"
+#include "chorus/transport/tcp/detail/link_send.hpp"

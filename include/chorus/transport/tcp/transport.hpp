@@ -18,73 +18,21 @@
 #include <thread>
 #include <vector>
 
-#include "chorus/bootstrap/handshake.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/cost_model.hpp"
 #include "chorus/core/peer_info.hpp"
 #include "chorus/detail/asio.hpp"
+#include "chorus/detail/handshake.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/tcp/detail/socket.hpp"
-#include "chorus/transport/progress.hpp"
 #include "chorus/transport/shell.hpp"
+#include "chorus/transport/tcp/detail/engine.hpp"
 #include "chorus/transport/tcp/link.hpp"
 
 namespace chorus::tcp {
-namespace detail {
 
-/// What the progress thread, the timeout hooks and the waiting callers share; outlives neither
-/// the thread nor the links. Requests hold it (weakly) as their Driver: the thread that waits for
-/// one runs the io_context itself (transport/progress.hpp), one thread at a time (the token), so
-/// the links' state is only ever touched by the one thread that runs the io_context.
-struct Engine final : chorus::detail::DrivenEngine<Engine> {
-  asio::io_context io{1};
-  std::vector<std::unique_ptr<Link>> links;  ///< by peer; null at this rank's own index
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  std::thread thread;
-
-  /// Fails every link (from any thread; at once when called on the thread that runs the
-  /// io_context, so that an error reported by a peer wins over the connection closes that follow
-  /// it); peers see their connection close.
-  void fail_all(ErrorCode code, std::string why, bool close = true) {
-    asio::dispatch(io, [this, code, why = std::move(why), close] {
-      for (auto& l : links)
-        if (l) l->fail(code, why, close);
-    });
-  }
-
-  // ---- what DrivenEngine needs ----
-  /// Runs the handlers that are ready (a non-blocking look at the sockets included).
-  bool pass() { return io.poll() > 0; }
-  template <class Ready>
-  void spin_wait(const Ready&) const {
-    for (int i = 0; i < 16; ++i) chorus::detail::cpu_relax();
-    ::sched_yield();
-  }
-  /// The one wait that covers every link: Asio's reactor. (Only requests are waited for on tcp,
-  /// and their completion is a handler that ends the wait.)
-  template <class Ready>
-  void sleep_until(Clock::time_point until, const Ready&) {
-    io.run_one_until(until);
-  }
-  /// A handler for the background thread's reactor wait to return for.
-  void wake_background() {
-    asio::post(io, bind_memory(wake_memory, [] {}));
-  }
-  HandlerMemory wake_memory;  ///< for those handlers (no allocation when a caller takes over)
-
-  // ---- the background thread ----
-  void run() {
-    run_background([&] { io.run_one_for(std::chrono::milliseconds(500)); });
-    // Stopping: the work guard is gone and every link failed; run what is left (the closes) out.
-    io.restart();
-    io.run();
-  }
-};
-
-}  // namespace detail
-
-class Transport {
+class Transport : public chorus::detail::EngineTransport<Transport, detail::Engine, Link> {
  public:
   static constexpr std::string_view kName = "tcp";
   /// Loopback TCP on a 2-core machine: ~10 us per message with the waiting thread driving the
@@ -101,50 +49,21 @@ class Transport {
   explicit Transport(const Bootstrap& b) : Transport(b, std::vector<bool>(static_cast<std::size_t>(b.size), true)) {}
   /// Links only to the ranks with peers[p] set (the others are reached another way, see
   /// transport/hybrid); both ends of a pair must agree. With no peer at all nothing listens.
+  /// rank(), size(), link(peer), memory_bytes() and abort(why) are EngineTransport's
+  /// (transport/shell.hpp).
   Transport(const Bootstrap& b, std::vector<bool> peers);
-  Transport(const Transport&) = delete;
-  Transport& operator=(const Transport&) = delete;
-  ~Transport();
-
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  Link& link(int peer) {
-    return chorus::detail::checked_link(engine_->links, rank_, size_, peer, "tcp link",
-                                        "no link to this peer (send to self is not supported)",
-                                        "no link to this peer (send to self is not supported)");
-  }
-
-  /// Bytes the links hold (see Link::memory_bytes()).
-  std::size_t memory_bytes() const {
-    return chorus::detail::links_memory_bytes(*this, engine_->links);
-  }
-
-  /// Fails every link with why's code (peer_failure for a user abort, mismatch when a collective
-  /// mismatch is being spread).
-  /// A mismatch is told to every rank by the communicator itself, so for it the connections stay
-  /// open (peers then get the mismatch, not a closed connection); any other abort closes them.
-  void abort(const Error& why) {
-    chorus::detail::abort_links(*engine_, why);
-  }
 
  private:
   void connect_all(const Bootstrap& b);
 
-  int rank_;
-  int size_;
   std::vector<bool> peers_;  ///< the ranks this transport links to
-  std::shared_ptr<detail::Engine> engine_;
 };
 
 // ---- bodies ----
 
 inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
-    : rank_(b.rank), size_(b.size), peers_(std::move(peers)), engine_(std::make_shared<detail::Engine>()) {
-  if (peers_.size() != static_cast<std::size_t>(size_))
-    throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, -1, "tcp"}, "peer mask of the wrong size");
-  (void)chorus::detail::buffered_cap();  // a bad CHORUS_MAX_BUFFERED_BYTES fails here, not in a link
+    : EngineTransport(b.rank, b.size, peers.size()), peers_(std::move(peers)) {
   peers_[static_cast<std::size_t>(rank_)] = false;
-  engine_->links.resize(static_cast<std::size_t>(size_));
   const std::weak_ptr<chorus::detail::Driver> weak_driver = engine_;
   for (int p = 0; p < size_; ++p)
     if (peers_[static_cast<std::size_t>(p)])
@@ -157,32 +76,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
     l->start();
   }
   engine_->work.emplace(engine_->io.get_executor());
-  // The thread shares the engine: should the transport be destroyed on this very thread (a
-  // completion callback dropping the last owner), the engine outlives the destructor until run()
-  // returns.
-  engine_->thread = std::thread([eng = engine_, rank = rank_] {
-    for (;;) {
-      try {
-        eng->run();
-        return;
-      } catch (const std::exception& e) {
-        chorus::detail::log(chorus::detail::LogLevel::warn, rank, "tcp progress thread: ", e.what());
-      }
-    }
-  });
-}
-
-inline Transport::~Transport() {
-  engine_->fail_all(ErrorCode::peer_failure, "the communicator was destroyed");
-  engine_->work.reset();
-  engine_->stop.store(true);
-  engine_->token.unpark();
-  engine_->wake_background();
-  if (!engine_->thread.joinable()) return;
-  if (engine_->thread.get_id() == std::this_thread::get_id())
-    engine_->thread.detach();  // on the progress thread itself: it ends once run() returns
-  else
-    engine_->thread.join();
+  start_progress_thread();
 }
 
 inline void Transport::connect_all(const Bootstrap& b) {

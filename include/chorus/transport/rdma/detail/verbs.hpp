@@ -5,9 +5,10 @@
 /// channel, reliable-connected queue pairs, asynchronous events). Two providers implement it:
 /// - ibverbs.hpp: libibverbs itself (built when CHORUS_WITH_RDMA, i.e. the program links
 ///   chorus::rdma);
-/// - fake.hpp: an in-repo fake that moves bytes between real processes of one host through a
-///   shared "fabric" file (CHORUS_IB_FAKE=<path>), checks keys, bounds, access and QP states as a
-///   NIC does, and injects faults (CHORUS_IB_FAKE_FAULT), for the tests.
+/// - chorus/testing/fake_verbs.hpp: an in-repo fake that moves bytes between real processes of
+///   one host through a shared "fabric" file (CHORUS_IB_FAKE=<path>), checks keys, bounds, access
+///   and QP states as a NIC does, and injects faults (CHORUS_IB_FAKE_FAULT), for the tests; only
+///   programs that include it compile it (provider.hpp).
 /// The types here mirror the verbs ones (same meaning, same status numbers), so the transport
 /// reads like verbs code and the real provider is a thin translation.
 ///

@@ -41,7 +41,7 @@
 #include "chorus/detail/env.hpp"
 #include "chorus/device/runtime.hpp"
 #include "chorus/detail/owned_memory.hpp"
-#include "chorus/transport/rdma/verbs.hpp"
+#include "chorus/transport/rdma/detail/verbs.hpp"
 
 namespace chorus::rdma {
 

@@ -9,7 +9,7 @@
 /// InfiniBand index 0 with the port's LID.
 
 #if !defined(CHORUS_WITH_RDMA)
-#error "chorus/transport/rdma/ibverbs.hpp needs libibverbs: link the program with chorus::rdma"
+#error "chorus/transport/rdma/detail/ibverbs.hpp needs libibverbs: link the program with chorus::rdma"
 #endif
 
 #include <arpa/inet.h>
@@ -24,7 +24,7 @@
 #include <string>
 
 #include "chorus/detail/env.hpp"
-#include "chorus/transport/rdma/verbs.hpp"
+#include "chorus/transport/rdma/detail/verbs.hpp"
 
 namespace chorus::rdma {
 namespace ib {

@@ -1,8 +1,11 @@
 #pragma once
 /// Which verbs provider the rdma transport of this process opens (verbs.hpp), and what it tells
 /// the other ranks about it (the fact that hybrid::Transport exchanges, core/peer_info.hpp):
-/// - CHORUS_IB_FAKE=<file>: the in-repo fake (fake.hpp) on that fabric file, for tests: every
-///   process of the job names the same file;
+/// - CHORUS_IB_FAKE=<file>: the in-repo fake on that fabric file, for tests: every process of the
+///   job names the same file. The fake is a test double that users' programs never compile: a
+///   program that wants it includes chorus/testing/fake_verbs.hpp, which registers it here
+///   (fake_provider_opener); in any other program CHORUS_IB_FAKE makes the transport refuse to
+///   start, saying the program was built without the test provider;
 /// - else, when the program links chorus::rdma (CHORUS_WITH_RDMA): libibverbs (ibverbs.hpp), on
 ///   the port CHORUS_IB_HCA / CHORUS_IB_GID_INDEX choose, or the first active one;
 /// - else none: "chorus was built without libibverbs".
@@ -12,13 +15,25 @@
 #include <string>
 
 #include "chorus/detail/env.hpp"
-#include "chorus/transport/rdma/fake.hpp"
-#include "chorus/transport/rdma/verbs.hpp"
+#include "chorus/transport/rdma/detail/verbs.hpp"
 #if defined(CHORUS_WITH_RDMA)
-#include "chorus/transport/rdma/ibverbs.hpp"
+#include "chorus/transport/rdma/detail/ibverbs.hpp"
 #endif
 
 namespace chorus::rdma {
+namespace detail {
+
+/// Opens the fake fabric at `fabric` (nullptr with `why` when it cannot).
+using FakeProviderOpener = std::unique_ptr<Verbs> (*)(const std::string& fabric, std::string& why);
+
+/// The opener of the fake verbs provider: null unless the program includes
+/// chorus/testing/fake_verbs.hpp, whose initializer sets it before main() runs.
+inline FakeProviderOpener& fake_provider_opener() {
+  static FakeProviderOpener opener = nullptr;
+  return opener;
+}
+
+}  // namespace detail
 
 /// Opens this process's provider; nullptr with `why` when none can be used.
 inline std::unique_ptr<Verbs> open_provider(std::string& why) {
@@ -27,7 +42,10 @@ inline std::unique_ptr<Verbs> open_provider(std::string& why) {
       why = "CHORUS_IB_FAKE is set but empty";
       return nullptr;
     }
-    return open_fake(*fabric, why);
+    if (const auto open_fake = detail::fake_provider_opener()) return open_fake(*fabric, why);
+    why = "CHORUS_IB_FAKE is set, but this program was built without the test verbs provider (it does "
+          "not include chorus/testing/fake_verbs.hpp); unset CHORUS_IB_FAKE to use the RDMA device";
+    return nullptr;
   }
 #if defined(CHORUS_WITH_RDMA)
   return open_ibverbs(why);

@@ -1,0 +1,175 @@
+#pragma once
+/// tcp::Link's way in (link.hpp has the protocol): a receive meeting what arrived, and the reader
+/// of the frames (a header, then the payload it announces, through the read buffer). Every member
+/// here runs on the thread that runs the io_context (the holder of the engine's token).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <variant>
+
+#include "chorus/transport/tcp/link.hpp"
+
+namespace chorus::tcp {
+
+inline void Link::start_recv(detail::RecvOp r) {
+  if (matcher_.take_unexpected(r.tag, [&](detail::Arrival& a) { match(std::move(r), std::move(a)); })) return;
+  if (failed_) return r.req->fail(fail_code_, fail_why_);
+  const Tag tag = r.tag;
+  matcher_.add_posted(tag, std::move(r));
+}
+
+inline void Link::match(detail::RecvOp r, detail::Arrival a) {
+  if (auto* e = std::get_if<detail::EagerArrival>(&a)) {
+    unexpected_bytes_ -= e->data.size();
+    if (e->data.size() != r.dst.size) {
+      chorus::detail::write_prefix(r.dst, e->data.data(), e->data.size());
+      r.req->fail(ErrorCode::mismatch, detail::size_mismatch(e->data.size(), r.dst.size));
+    } else {
+      if (!e->data.empty()) std::memcpy(r.dst.data, e->data.data(), e->data.size());
+      r.req->complete(e->data.size());
+    }
+    spare_.give(std::move(e->data));
+    if (paused_ && unexpected_bytes_ <= Policy::kMaxUnexpectedBytes) {
+      paused_ = false;
+      read_header();
+    }
+    return;
+  }
+  const auto& rts = std::get<detail::RtsArrival>(a);
+  accept_rts(std::move(r), rts.size, rts.id);
+}
+
+inline void Link::accept_rts(detail::RecvOp r, std::uint64_t size, std::uint64_t id) {
+  if (size != r.dst.size) {
+    enqueue({{static_cast<std::uint32_t>(detail::FrameType::cts), detail::kCtsReject, 0, r.dst.size, id}, {}, nullptr});
+    return r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
+  }
+  if (!active_recv_.emplace(id, std::move(r)).second) return protocol_error("duplicate message id");
+  enqueue({{static_cast<std::uint32_t>(detail::FrameType::cts), 0, 0, size, id}, {}, nullptr});
+}
+
+inline void Link::read_header() {
+  if (parsing_) {
+    again_ = true;
+    return;
+  }
+  parsing_ = true;
+  do {
+    again_ = false;
+    if (failed_) break;
+    if (in_end_ - in_begin_ >= sizeof in_) {
+      std::memcpy(&in_, inbuf_.data() + in_begin_, sizeof in_);
+      in_begin_ += sizeof in_;
+      on_header();
+    } else {
+      fill_inbuf();
+    }
+  } while (again_);
+  parsing_ = false;
+}
+
+inline void Link::fill_inbuf() {
+  const std::size_t left = in_end_ - in_begin_;
+  if (left != 0 && in_begin_ != 0) std::memmove(inbuf_.data(), inbuf_.data() + in_begin_, left);
+  in_begin_ = 0;
+  in_end_ = left;
+  socket_.async_read_some(asio::buffer(inbuf_.data() + in_end_, inbuf_.size() - in_end_),
+                          detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t n) {
+                            if (failed_) return;
+                            if (ec) return on_read_error(ec);
+                            in_end_ += n;
+                            read_header();
+                          }));
+}
+
+inline void Link::on_header() {
+  const auto h = in_;
+  if (std::string bad = detail::frame_header_problem(h); !bad.empty()) return protocol_error(bad);
+  switch (static_cast<detail::FrameType>(h.type)) {
+    case detail::FrameType::eager: {
+      if (auto r = matcher_.take_posted(h.tag)) {
+        if (r->dst.size != h.size) {
+          scratch_.resize(h.size);
+          auto req = r->req;
+          return read_payload(
+              {scratch_.data(), scratch_.size()},
+              [this, r = std::move(*r), size = h.size] {
+                chorus::detail::write_prefix(r.dst, scratch_.data(), size);
+                r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
+              },
+              std::move(req));
+        }
+        auto req = r->req;
+        return read_payload(r->dst, [r = std::move(*r), size = h.size] { r.req->complete(size); }, std::move(req));
+      }
+      if (chorus::detail::over_buffered_cap(h.size))
+        return fail(ErrorCode::system, chorus::detail::buffered_cap_error(h.size));
+      // One payload is read at a time: into a spare buffer, kept here until it is in.
+      unexpected_in_ = spare_.take(h.size);
+      return read_payload({unexpected_in_.data(), unexpected_in_.size()}, [this, tag = h.tag] {
+        // A receive may have been posted while the payload was being read.
+        unexpected_bytes_ += unexpected_in_.size();
+        if (auto r = matcher_.take_posted(tag))
+          return match(std::move(*r), detail::EagerArrival{std::move(unexpected_in_)});
+        matcher_.add_unexpected(tag, detail::EagerArrival{std::move(unexpected_in_)});
+        if (unexpected_bytes_ > Policy::kMaxUnexpectedBytes) paused_ = true;
+      });
+    }
+    case detail::FrameType::rts: {
+      if (auto r = matcher_.take_posted(h.tag))
+        accept_rts(std::move(*r), h.size, h.id);
+      else
+        matcher_.add_unexpected(h.tag, detail::RtsArrival{h.size, h.id});
+      return read_header();
+    }
+    case detail::FrameType::cts: {
+      auto it = pending_rts_.find(h.id);
+      if (it == pending_rts_.end()) return protocol_error("clear-to-send for unknown message " + std::to_string(h.id));
+      PendingSend s = std::move(it->second);
+      pending_rts_.erase(it);
+      if (h.flags & detail::kCtsReject)
+        s.req->fail(ErrorCode::mismatch, detail::size_mismatch(s.data.size, h.size));
+      else
+        enqueue({{static_cast<std::uint32_t>(detail::FrameType::data), 0, 0, s.data.size, h.id}, s.data, s.req});
+      return read_header();
+    }
+    case detail::FrameType::data: {
+      auto it = active_recv_.find(h.id);
+      if (it == active_recv_.end()) return protocol_error("data for unknown message " + std::to_string(h.id));
+      if (it->second.dst.size != h.size) return protocol_error("data frame size differs from its announcement");
+      detail::RecvOp r = std::move(it->second);
+      active_recv_.erase(it);
+      MutableBytes dst = r.dst;
+      auto req = r.req;
+      return read_payload(dst, [r = std::move(r), size = h.size] { r.req->complete(size); }, std::move(req));
+    }
+  }
+}
+
+template <class F>
+inline void Link::read_payload(MutableBytes dst, F done, detail::ReqPtr into) {
+  // What is buffered first, then the rest from the socket.
+  const std::size_t have = std::min(dst.size, in_end_ - in_begin_);
+  if (have != 0) std::memcpy(dst.data, inbuf_.data() + in_begin_, have);
+  in_begin_ += have;
+  if (have == dst.size) {
+    done();
+    if (!paused_) read_header();
+    return;
+  }
+  reading_into_ = std::move(into);
+  asio::async_read(socket_, asio::buffer(dst.data + have, dst.size - have),
+                   detail::bind_memory(handlers_, [this, done = std::move(done)](const boost::system::error_code& ec,
+                                                                                 std::size_t) mutable {
+                     if (failed_) return;
+                     if (ec) return on_read_error(ec);
+                     reading_into_.reset();
+                     done();
+                     if (!paused_) read_header();
+                   }));
+}
+
+}  // namespace chorus::tcp

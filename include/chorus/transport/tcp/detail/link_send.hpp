@@ -1,0 +1,92 @@
+#pragma once
+/// tcp::Link's way out (link.hpp has the protocol): a send becoming frames, and the writer (one
+/// async_write at a time, frames in queue order, what the socket takes at once written without
+/// a handler). Every member here runs on the thread that runs the io_context (the holder of the
+/// engine's token).
+
+#include <cstdint>
+#include <utility>
+
+#include "chorus/transport/tcp/link.hpp"
+
+namespace chorus::tcp {
+
+inline void Link::start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req) {
+  if (failed_) return req->fail(fail_code_, fail_why_);
+  if (data.size <= Policy::kEagerBytes) {
+    enqueue({{static_cast<std::uint32_t>(detail::FrameType::eager), 0, tag, data.size, 0}, data, req});
+  } else {
+    const std::uint64_t id = next_send_id_++;
+    pending_rts_.emplace(id, PendingSend{data, req});
+    enqueue({{static_cast<std::uint32_t>(detail::FrameType::rts), 0, tag, data.size, id}, {}, nullptr});
+  }
+}
+
+inline void Link::enqueue(detail::OutFrame f) {
+  // Nothing queued and no write in flight: the frame goes straight to the socket (one sendmsg,
+  // no Asio operation). What the socket does not take waits in the queue for an async_write.
+  if (!writing_ && !write_posted_ && write_queue_.empty() && !failed_) {
+    f.sent = send_now(f.h, f.payload);
+    if (f.sent == sizeof f.h + f.payload.size) {
+      if (f.req) f.req->complete(f.payload.size);
+      return;
+    }
+  }
+  chorus::detail::push_back_growing(write_queue_, std::move(f));
+  if (writing_ || write_posted_) return;
+  write_posted_ = true;
+  asio::post(io_, detail::bind_memory(handlers_, [this] {
+    write_posted_ = false;
+    write_next();
+  }));
+}
+
+inline void Link::write_next() {
+  if (writing_ || failed_ || write_queue_.empty()) return;
+  writing_ = true;
+  // The frames stay in the queue until the write completes; their headers are copied to
+  // batch_headers_, since the queue may reallocate while more frames are appended.
+  batch_.clear();
+  batch_frames_ = 0;
+  for (auto& f : write_queue_) {
+    if (batch_frames_ == kMaxBatch) break;
+    batch_headers_[batch_frames_] = f.h;  // the queue may grow (and move) during the write
+    // f.sent: bytes send_now() wrote already (the first frame only).
+    const auto* head = reinterpret_cast<const std::byte*>(&batch_headers_[batch_frames_]);
+    if (f.sent < sizeof f.h) batch_.push_back(asio::buffer(head + f.sent, sizeof f.h - f.sent));
+    const std::size_t skip = f.sent > sizeof f.h ? f.sent - sizeof f.h : 0;
+    if (f.payload.size > skip) batch_.push_back(asio::buffer(f.payload.data + skip, f.payload.size - skip));
+    ++batch_frames_;
+  }
+  asio::async_write(socket_, detail::BufferRange{batch_.data(), batch_.data() + batch_.size()}, detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t) {
+    writing_ = false;
+    if (failed_) return write_queue_.clear();
+    if (ec) return fail(ErrorCode::peer_failure, "write to peer failed: " + ec.message());
+    // Take the written frames off the queue before completing any: a completion may fail this
+    // link (an abort), which clears the queue.
+    std::array<std::pair<detail::ReqPtr, std::size_t>, kMaxBatch> done;
+    const std::size_t k = batch_frames_;
+    for (std::size_t i = 0; i < k; ++i) {
+      auto& f = write_queue_.front();
+      done[i] = {std::move(f.req), f.payload.size};
+      write_queue_.pop_front();
+    }
+    for (std::size_t i = 0; i < k; ++i)
+      if (done[i].first) done[i].first->complete(done[i].second);
+    write_next();
+  }));
+}
+
+inline std::size_t Link::send_now(const detail::FrameHeader& h, ConstBytes payload) {
+  iovec iov[2] = {{const_cast<detail::FrameHeader*>(&h), sizeof h}, {const_cast<std::byte*>(payload.data), payload.size}};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = payload.size != 0 ? 2 : 1;
+  ssize_t k;
+  do {
+    k = ::sendmsg(socket_.native_handle(), &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+  } while (k < 0 && errno == EINTR);
+  return k > 0 ? static_cast<std::size_t>(k) : 0;
+}
+
+}  // namespace chorus::tcp
