@@ -1,4 +1,4 @@
-// The cuda_ipc transport on the simulated CUDA runtime (device/sim_runtime.hpp), ranks as real
+// The cuda_ipc transport on the simulated CUDA runtime (testing/sim_runtime.hpp), ranks as real
 // processes: IPC handles are memfds the processes map into each other's simulated device memory,
 // so the whole direct path runs here: the windows' set-up (handles through the shm mailboxes,
 // opened once), every collective by direct reads of the peers' windows with their reduction
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "chorus/chorus.hpp"
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 #include "support/device_matrix.hpp"
 #include "support/spawn.hpp"
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "chorus/communicator.hpp"
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 #include "support/communicators.hpp"
 #include "support/spawn.hpp"
 

@@ -1,5 +1,5 @@
 // The device data path in real processes, over shm and tcp, on the simulated CUDA runtime
-// (device/sim_runtime.hpp): "device" buffers from its arena, the calls on a stream, staging
+// (testing/sim_runtime.hpp): "device" buffers from its arena, the calls on a stream, staging
 // through pinned memory in slices, reductions through the kernel bodies under the grid emulator.
 // The matrix (support/device_matrix.hpp): worlds 1-4 x {shm, tcp} x every collective x the ten
 // dtypes x every op that applies x odd counts, each result equal to the host path's bit for bit.
@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "chorus/communicator.hpp"
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 #include "support/communicators.hpp"
 #include "support/device_matrix.hpp"
 #include "support/spawn.hpp"

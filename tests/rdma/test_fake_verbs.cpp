@@ -19,7 +19,7 @@
 #include "chorus/detail/owned_memory.hpp"
 #include "chorus/registered_memory.hpp"
 #include "chorus/testing/fake_verbs.hpp"
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 #include "chorus/transport/rdma/detail/registration.hpp"
 #include "rdma/fabric.hpp"
 

@@ -19,7 +19,7 @@
 
 #include "chorus/communicator.hpp"
 #include "chorus/registered_memory.hpp"
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 #include "chorus/transport/hybrid/transport.hpp"
 #include "chorus/transport/rdma/transport.hpp"
 #include "rdma/fabric.hpp"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "chorus/communicator.hpp"
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 #include "chorus/transport/rdma/transport.hpp"
 #include "rdma/fabric.hpp"
 #include "support/device_matrix.hpp"

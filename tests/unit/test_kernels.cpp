@@ -1,4 +1,4 @@
-#include "chorus/device/grid_emulator.hpp"
+#include "chorus/testing/grid_emulator.hpp"
 
 #include <doctest/doctest.h>
 

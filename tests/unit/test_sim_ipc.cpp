@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 #include "support/spawn.hpp"
 
 namespace unit_test_sim_ipc {

@@ -1,7 +1,7 @@
 // device::SimRuntime: the host implementation of the device runtime seam. Stream order, stream
 // independence, events, cross-stream waits, flags, memory kinds, the compute-sanitizer-like checks,
 // sticky errors and fault injection; reduce_many, and the executors' reduce_many on top of it.
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 
 #include <doctest/doctest.h>
 

@@ -49,7 +49,7 @@
 #include "chorus/algo/select.hpp"
 #include "chorus/registered_memory.hpp"
 #include "chorus/testing/fake_verbs.hpp"  // CHORUS_IB_FAKE=<file> runs -t rdma on the fake verbs
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 #include "coll/common/data.hpp"
 #include "coll/common/descriptor.hpp"
 #include "coll/common/driver.hpp"

@@ -3,10 +3,10 @@
 /// goes through one `device::Runtime`. Two implementations exist:
 /// * `device::CudaRuntime` (device/cuda_runtime.hpp): the CUDA runtime itself, and the kernels of
 ///   reduce/cuda. Compiled only by nvcc (a translation unit that includes it is a .cu file).
-/// * `device::SimRuntime` (device/sim_runtime.hpp): a host implementation for machines without a
+/// * `device::SimRuntime` (testing/sim_runtime.hpp): a host implementation for machines without a
 ///   GPU, used by the test suite: "device" memory comes from an arena of its own, streams are
 ///   ordered queues run by one host thread each, events mark queue positions, and kernel launches
-///   run the kernel bodies of reduce/cuda under the grid emulator (device/grid_emulator.hpp); IPC
+///   run the kernel bodies of reduce/cuda under the grid emulator (testing/grid_emulator.hpp); IPC
 ///   handles are memfds shared between real processes. It does not model copy engines running
 ///   beside kernels, several devices, or device faults.
 ///

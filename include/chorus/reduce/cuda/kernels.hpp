@@ -1,7 +1,7 @@
 #pragma once
 /// The bodies of the reduction kernels, as plain host+device code: what one CUDA thread does,
 /// given its grid coordinates. reduce.cuh wraps them in `__global__` functions and launches them;
-/// device/grid_emulator.hpp runs the very same bodies on the host, thread by thread, so the code
+/// testing/grid_emulator.hpp runs the very same bodies on the host, thread by thread, so the code
 /// that computes each element is tested on machines without a GPU. A host compiler compiles this
 /// header as ordinary C++ (CHORUS_HOST_DEVICE is empty there).
 ///

@@ -15,7 +15,7 @@
 /// ```
 ///
 /// The kernel bodies (what one thread does) are host+device code in reduce/cuda/kernels.hpp, which
-/// also holds the launch constants and grid sizes; device/grid_emulator.hpp runs the same bodies
+/// also holds the launch constants and grid sizes; testing/grid_emulator.hpp runs the same bodies
 /// on the host. Here: the `__global__` wrappers and the launchers.
 
 #include "chorus/config.hpp"

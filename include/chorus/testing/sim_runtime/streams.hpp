@@ -1,5 +1,5 @@
 #pragma once
-/// Bodies of device::SimRuntime (declared in device/sim_runtime.hpp).
+/// Bodies of device::SimRuntime (declared in testing/sim_runtime.hpp).
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "chorus/detail/env.hpp"
-#include "chorus/device/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime.hpp"
 
 namespace chorus::device {
 

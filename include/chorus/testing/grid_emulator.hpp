@@ -2,7 +2,7 @@
 /// Runs the reduction kernels of reduce/cuda on the host: the kernel bodies of
 /// reduce/cuda/kernels.hpp, called once for every thread of every block of the grid the CUDA
 /// launcher would use (reduce_launch_shape, finalize_avg_launch_shape). Host code only; the
-/// simulated runtime (device/sim_runtime.hpp) launches "kernels" through it, and tests compare it
+/// simulated runtime (testing/sim_runtime.hpp) launches "kernels" through it, and tests compare it
 /// with the host loops of reduce/host.hpp, so the code each GPU thread runs is tested without a GPU.
 ///
 /// ```cpp

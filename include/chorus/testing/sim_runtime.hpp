@@ -78,7 +78,7 @@
 #include "chorus/core/types.hpp"
 #include "chorus/device/runtime.hpp"
 
-#include "chorus/device/grid_emulator.hpp"
+#include "chorus/testing/grid_emulator.hpp"
 
 namespace chorus::device {
 
@@ -186,7 +186,7 @@ class SimRuntime final : public Runtime {
 
   // --- device memory for an RDMA NIC (dma-buf) -----------------------------------------------
   /// A dup of the memfd behind the allocation that holds [p, p + bytes) (made as ipc_export makes
-  /// it, the first time), and p's offset in it: the fake verbs (transport/rdma/fake.hpp) check the
+  /// it, the first time), and p's offset in it: the fake verbs (testing/fake_verbs.hpp) check the
   /// fd's size and register the device address, which the memfd's pages back.
   DmabufExport export_dmabuf(void* p, std::size_t bytes) override;
   /// For tests: from now on export_dmabuf throws Error(unsupported), as a runtime or device
@@ -335,4 +335,4 @@ class SimRuntime final : public Runtime {
 
 }  // namespace chorus::device
 
-#include "chorus/device/impl/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime/streams.hpp"
