@@ -78,7 +78,18 @@ function(chorus_cuda_warnings target)
     $<$<AND:$<BOOL:${CHORUS_WERROR}>,$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>>:-Werror=all-warnings -Xcompiler=-Werror>)
 endfunction()
 
-# Defines chorus::cuda and chorus::rdma for the backends that are ON.
+# chorus_cuda_program(<target>): one of chorus's own CUDA programs (tests/cuda, the *_perf
+# programs), made so that it runs when copied to a machine with nothing but a CUDA driver
+# (scripts/gpu-bundle): cudart linked statically (nvcc's default; with chorus_cuda_static, never
+# beside the shared one), and an RPATH of $ORIGIN, as DT_RPATH (not DT_RUNPATH) so that it also
+# serves the dependencies of the shared libraries copied beside the program.
+function(chorus_cuda_program target)
+  set_target_properties(${target} PROPERTIES CUDA_RUNTIME_LIBRARY Static BUILD_RPATH "$ORIGIN")
+  target_link_options(${target} PRIVATE "LINKER:--disable-new-dtags")
+endfunction()
+
+# Defines chorus::cuda and chorus::rdma for the backends that are ON, and chorus_cuda_static
+# (chorus::cuda with cudart linked statically, for chorus's own CUDA programs; not installed).
 function(chorus_define_backend_targets)
   if(CHORUS_WITH_CUDA)
     add_library(chorus_cuda INTERFACE)
@@ -86,6 +97,9 @@ function(chorus_define_backend_targets)
     set_target_properties(chorus_cuda PROPERTIES EXPORT_NAME cuda)
     target_link_libraries(chorus_cuda INTERFACE chorus CUDA::cudart)
     target_compile_definitions(chorus_cuda INTERFACE CHORUS_WITH_CUDA=1)
+    add_library(chorus_cuda_static INTERFACE)
+    target_link_libraries(chorus_cuda_static INTERFACE chorus CUDA::cudart_static)
+    target_compile_definitions(chorus_cuda_static INTERFACE CHORUS_WITH_CUDA=1)
   endif()
   if(CHORUS_WITH_RDMA)
     add_library(chorus_rdma INTERFACE)
