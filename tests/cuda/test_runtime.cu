@@ -1,10 +1,12 @@
 #include "chorus/device/cuda_runtime.hpp"
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -15,7 +17,7 @@
 
 // device::CudaRuntime on a GPU: devices, memory kinds, copies and fills, streams and events,
 // reductions, wait_flag released by the host or timing out, the step flags (write_value and
-// wait_value: released, timed out, aborted), and the text of its errors.
+// wait_value: released, timed out, aborted), dma-buf export, and the text of its errors.
 
 namespace {
 
@@ -260,4 +262,31 @@ TEST_CASE("runtime: errors name the call and the CUDA error") {
   rt.record(se.end, se.s);
   rt.synchronize(se.end);
   CHECK_THROWS_AS(rt.elapsed_ms(se.start, se.end), chorus::Error);
+}
+
+TEST_CASE("runtime: export_dmabuf covers the allocation that holds the range, or says the device has none") {
+  CudaRuntime rt;
+  constexpr std::size_t kBytes = (1 << 20) + 100;  // not a multiple of the page size
+  auto* d = static_cast<unsigned char*>(rt.alloc_device(kBytes));
+  const long page = ::sysconf(_SC_PAGESIZE);
+  try {
+    const auto e = rt.export_dmabuf(d + 4096, kBytes - 4096);
+    REQUIRE(e.fd >= 0);
+    const off_t size = ::lseek(e.fd, 0, SEEK_END);  // a dma-buf's size, from lseek
+    std::printf("export_dmabuf: fd %d, offset %llu, dma-buf of %lld bytes\n", e.fd,
+                static_cast<unsigned long long>(e.offset), static_cast<long long>(size));
+    CHECK(e.offset >= 4096u);
+    CHECK((e.offset - 4096) % static_cast<std::uint64_t>(page) == 0);  // the allocation starts on a page
+    if (size >= 0) CHECK(static_cast<std::uint64_t>(size) >= e.offset + (kBytes - 4096));
+    ::close(e.fd);
+  } catch (const chorus::Error& e) {
+    // Only a device that says so may refuse (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0, e.g. the
+    // proprietary kernel module): printed, so that the log shows the export did not run.
+    std::printf("export_dmabuf: %s\n", e.what());
+    CHECK(e.code() == chorus::ErrorCode::unsupported);
+    CHECK(std::string(e.what()).find("DMA_BUF_SUPPORTED") != std::string::npos);
+  }
+  // A range past the end of its allocation is an error, whatever the device supports.
+  CHECK_THROWS_AS(rt.export_dmabuf(d + kBytes - 8, 64), chorus::Error);
+  rt.free_device(d);
 }
