@@ -16,6 +16,12 @@
 ///
 /// The moving parts are c10d-version neutral except the base class and the Work type: for torch
 /// 2.x the class would derive from c10d::Backend with the same overrides.
+///
+/// Where the parts are: group.hpp (the communicator and the call queue; the group's lifetime),
+/// work.hpp (the Work objects), launch.hpp (how a queued collective is handed to chorus),
+/// collectives.cpp and all_to_all.cpp (the collectives), point_to_point.cpp (send, recv),
+/// arguments.hpp (dtypes, reduce ops and argument checks), store_adapter.hpp (the c10d store as
+/// chorus's Store), comm.hpp (the communicator type), module.cpp (the Python module).
 
 #include <chrono>
 #include <memory>

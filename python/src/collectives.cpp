@@ -1,0 +1,229 @@
+// ProcessGroupChorus's collectives (all_to_all apart, in all_to_all.cpp): each checks its
+// arguments, makes its Work with the buffers chorus reads and writes (staging copies where the
+// caller's tensors are not contiguous or not one flat buffer), and queues it (group.hpp).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "arguments.hpp"
+#include "group.hpp"
+#include "launch.hpp"
+#include "process_group.hpp"
+#include "work.hpp"
+
+namespace chorus_torch {
+
+namespace {
+
+using Kind = Collective::Kind;
+
+std::size_t count_of(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
+
+/// Copies the ranks' parts of `flat` (n elements each) into `outs`, when the work succeeds.
+void unpack_into(ChorusWork& w, const at::Tensor& flat, std::vector<at::Tensor> outs, int64_t n) {
+  w.then([flat, outs = std::move(outs), n]() mutable {
+    for (std::size_t r = 0; r < outs.size(); ++r)
+      outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
+  });
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::broadcast(std::vector<at::Tensor>& tensors,
+                                                             const c10d::BroadcastOptions& opts) {
+  const std::string op = "broadcast";
+  check_single(rank_, op, tensors);
+  check_root(rank_, size_, op, opts.rootRank, opts.rootTensor);
+  const at::Tensor t = tensors[0];
+  const Wire wire = wire_of(rank_, op, t.scalar_type());
+  auto w = impl_->make(c10d::OpType::BROADCAST, describe(op, t), tensors);
+  const at::Tensor buf = staged(*w, t, true);
+  w->keep(buf);
+  const int root = static_cast<int>(opts.rootRank);
+  w->launch = launch(*impl_->comm, {.kind = Kind::broadcast, .out = buf, .count = count_of(buf),
+                                    .dt = wire.dt, .root = root});
+  return impl_->enqueue(w);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts) {
+  const std::string op = "allreduce";
+  check_single(rank_, op, tensors);
+  const at::Tensor t = tensors[0];
+  const Wire wire = wire_of(rank_, op, t.scalar_type());
+  const chorus::ReduceOp rop = op_of(rank_, op, opts.reduceOp, wire);
+  auto w = impl_->make(c10d::OpType::ALLREDUCE, describe(op, t) + " " + name_of(opts.reduceOp.op_), tensors);
+  const at::Tensor buf = staged(*w, t, true);
+  w->keep(buf);
+  w->launch = launch(*impl_->comm, {.kind = Kind::all_reduce, .in = buf, .out = buf, .count = count_of(buf),
+                                    .dt = wire.dt, .op = rop});
+  return impl_->enqueue(w);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::ReduceOptions& opts) {
+  const std::string op = "reduce";
+  check_single(rank_, op, tensors);
+  check_root(rank_, size_, op, opts.rootRank, opts.rootTensor);
+  const at::Tensor t = tensors[0];
+  const Wire wire = wire_of(rank_, op, t.scalar_type());
+  const chorus::ReduceOp rop = op_of(rank_, op, opts.reduceOp, wire);
+  const int root = static_cast<int>(opts.rootRank);
+  auto w = impl_->make(c10d::OpType::REDUCE, describe(op, t) + " " + name_of(opts.reduceOp.op_), tensors);
+  const at::Tensor in = staged(*w, t, rank_ == root);
+  // The result lands on the root, in place; the other ranks' tensors stay as they are.
+  const at::Tensor out = rank_ == root ? in : at::empty_like(in);
+  w->keep(in);
+  w->keep(out);
+  w->launch = launch(*impl_->comm, {.kind = Kind::reduce, .in = in, .out = out, .count = count_of(in),
+                                    .dt = wire.dt, .op = rop, .root = root});
+  return impl_->enqueue(w);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                   const c10d::AllgatherOptions&) {
+  const std::string op = "_allgather_base";
+  check_tensor(rank_, op, input);
+  check_same(rank_, op, input, output, false);
+  if (output.numel() != input.numel() * size_)
+    fail(rank_, op, "output has " + std::to_string(output.numel()) + " elements, not size x input = " +
+                        std::to_string(input.numel() * size_));
+  const Wire wire = wire_of(rank_, op, input.scalar_type());
+  auto w = impl_->make(c10d::OpType::_ALLGATHER_BASE, describe(op, input), {output});
+  const at::Tensor in = staged(*w, input, false);
+  const at::Tensor out = staged(*w, output, true);
+  w->keep(in);
+  w->keep(out);
+  w->launch = launch(*impl_->comm,
+                     {.kind = Kind::all_gather, .in = in, .out = out, .count = count_of(in), .dt = wire.dt});
+  return impl_->enqueue(w);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions&) {
+  const std::string op = "allgather";
+  check_single(rank_, op, inputs);
+  if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_)
+    fail(rank_, op, "expects one list of " + std::to_string(size_) + " output tensors");
+  const at::Tensor input = inputs[0];
+  for (const auto& o : outputs[0]) check_same(rank_, op, input, o, true);
+  const Wire wire = wire_of(rank_, op, input.scalar_type());
+  auto w = impl_->make(c10d::OpType::ALLGATHER, describe(op, input), outputs[0]);
+  const at::Tensor in = input.contiguous();
+  const at::Tensor flat = at::empty({input.numel() * size_}, input.options());
+  w->keep(in);
+  w->keep(flat);
+  unpack_into(*w, flat, outputs[0], input.numel());
+  w->launch = launch(*impl_->comm,
+                     {.kind = Kind::all_gather, .in = in, .out = flat, .count = count_of(in), .dt = wire.dt});
+  return impl_->enqueue(w);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::GatherOptions& opts) {
+  const std::string op = "gather";
+  check_single(rank_, op, inputs);
+  check_root(rank_, size_, op, opts.rootRank);
+  const int root = static_cast<int>(opts.rootRank);
+  const at::Tensor input = inputs[0];
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_)
+      fail(rank_, op, "the root expects one list of " + std::to_string(size_) + " output tensors");
+    outs = outputs[0];
+    for (const auto& o : outs) check_same(rank_, op, input, o, true);
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    fail(rank_, op, "only the root takes output tensors");
+  }
+  const Wire wire = wire_of(rank_, op, input.scalar_type());
+  auto w = impl_->make(c10d::OpType::GATHER, describe(op, input), outs);
+  const at::Tensor in = input.contiguous();
+  const at::Tensor flat = rank_ == root ? at::empty({input.numel() * size_}, input.options()) : at::Tensor();
+  w->keep(in);
+  if (rank_ == root) {
+    w->keep(flat);
+    unpack_into(*w, flat, outs, input.numel());
+  }
+  w->launch = launch(*impl_->comm, {.kind = Kind::gather, .in = in, .out = flat, .count = count_of(in),
+                                    .dt = wire.dt, .root = root});
+  return impl_->enqueue(w);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ScatterOptions& opts) {
+  const std::string op = "scatter";
+  check_single(rank_, op, outputs);
+  check_root(rank_, size_, op, opts.rootRank);
+  const int root = static_cast<int>(opts.rootRank);
+  const at::Tensor output = outputs[0];
+  at::Tensor flat;
+  if (rank_ == root) {
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_)
+      fail(rank_, op, "the root expects one list of " + std::to_string(size_) + " input tensors");
+    for (const auto& i : inputs[0]) check_same(rank_, op, output, i, true);
+    std::vector<at::Tensor> parts;
+    for (const auto& i : inputs[0]) parts.push_back(i.reshape({-1}));
+    flat = at::cat(parts);
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    fail(rank_, op, "only the root takes input tensors");
+  }
+  const Wire wire = wire_of(rank_, op, output.scalar_type());
+  auto w = impl_->make(c10d::OpType::SCATTER, describe(op, output), outputs);
+  const at::Tensor out = staged(*w, output, true);
+  w->keep(out);
+  if (flat.defined()) w->keep(flat);
+  w->launch = launch(*impl_->comm, {.kind = Kind::scatter, .in = flat, .out = out, .count = count_of(out),
+                                    .dt = wire.dt, .root = root});
+  return impl_->enqueue(w);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const std::string op = "_reduce_scatter_base";
+  check_tensor(rank_, op, output);
+  check_same(rank_, op, output, input, false);
+  if (input.numel() != output.numel() * size_)
+    fail(rank_, op, "input has " + std::to_string(input.numel()) + " elements, not size x output = " +
+                        std::to_string(output.numel() * size_));
+  const Wire wire = wire_of(rank_, op, output.scalar_type());
+  const chorus::ReduceOp rop = op_of(rank_, op, opts.reduceOp, wire);
+  auto w = impl_->make(c10d::OpType::_REDUCE_SCATTER_BASE,
+                       describe(op, output) + " " + name_of(opts.reduceOp.op_), {output});
+  const at::Tensor in = input.contiguous();
+  const at::Tensor out = staged(*w, output, true);
+  w->keep(in);
+  w->keep(out);
+  w->launch = launch(
+      *impl_->comm,
+      {.kind = Kind::reduce_scatter, .in = in, .out = out, .count = count_of(out), .dt = wire.dt, .op = rop});
+  return impl_->enqueue(w);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const std::string op = "reduce_scatter";
+  check_single(rank_, op, outputs);
+  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_)
+    fail(rank_, op, "expects one list of " + std::to_string(size_) + " input tensors");
+  const at::Tensor output = outputs[0];
+  for (const auto& i : inputs[0]) check_same(rank_, op, output, i, true);
+  std::vector<at::Tensor> parts;
+  for (const auto& i : inputs[0]) parts.push_back(i.reshape({-1}));
+  at::Tensor flat = at::cat(parts);
+  at::Tensor out = output;
+  return _reduce_scatter_base(out, flat, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions&) {
+  auto w = impl_->make(c10d::OpType::BARRIER, "barrier", {});
+  w->launch = launch(*impl_->comm, {.kind = Kind::barrier});
+  return impl_->enqueue(w);
+}
+
+}  // namespace chorus_torch

@@ -1,0 +1,118 @@
+// ProcessGroupChorus::Impl and the group's lifetime: see group.hpp.
+
+#include "group.hpp"
+
+#include <stdexcept>
+#include <utility>
+
+#include "arguments.hpp"
+#include "comm.hpp"
+#include "store_adapter.hpp"
+
+namespace chorus_torch {
+
+ProcessGroupChorus::Impl::Impl(const c10::intrusive_ptr<c10d::Store>& store, int r, int n,
+                               std::chrono::milliseconds timeout)
+    : rank(r), size(n) {
+  chorus::Options o = chorus::Options::from_env();
+  o.rank = r;
+  o.world_size = n;
+  o.store = std::make_shared<C10dStore>(store);
+  if (timeout.count() > 0) o.timeout = timeout;
+  try {
+    comm = std::make_unique<Comm>(Comm::create(std::move(o)));
+  } catch (const std::exception& e) {
+    fail(r, "init (rendezvous through the c10d store)", e.what());
+  }
+  dispatcher = std::thread([this] { dispatch_loop(); });
+}
+
+ProcessGroupChorus::Impl::~Impl() {
+  {
+    std::lock_guard lk(queue_mu);
+    stopping = true;
+  }
+  queue_cv.notify_all();
+  dispatcher.join();
+  // Whatever is still queued never ran: fail it (the communicator goes with this object).
+  std::deque<c10::intrusive_ptr<ChorusWork>> left;
+  {
+    std::lock_guard lk(queue_mu);
+    for (auto& w : queue) w->issued = true;
+    left.swap(queue);
+  }
+  for (auto& w : left) w->fail_with(std::runtime_error("the process group was destroyed before it ran"));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::Impl::enqueue(c10::intrusive_ptr<ChorusWork> w) {
+  {
+    std::lock_guard lk(queue_mu);
+    queue.push_back(w);
+  }
+  queue_cv.notify_one();
+  return w;
+}
+
+void ProcessGroupChorus::Impl::issue(ChorusWork& w, bool blocking) {
+  try {
+    w.launch(w, blocking);
+  } catch (const std::exception& e) {
+    w.fail_with(e);
+  }
+  w.launch = nullptr;  // drop the tensors it captured
+}
+
+void ProcessGroupChorus::Impl::drain(ChorusWork* target) {
+  std::lock_guard il(issue_mu);
+  for (;;) {
+    c10::intrusive_ptr<ChorusWork> w;
+    {
+      std::lock_guard lk(queue_mu);
+      if (queue.empty() || (target && target->issued)) return;
+      w = queue.front();
+      queue.pop_front();
+      w->issued = true;
+    }
+    const bool mine = w.get() == target;
+    issue(*w, mine);
+    if (mine) return;
+  }
+}
+
+void ProcessGroupChorus::Impl::dispatch_loop() {
+  for (;;) {
+    {
+      std::unique_lock lk(queue_mu);
+      queue_cv.wait(lk, [&] { return stopping || !queue.empty(); });
+      if (stopping) return;
+    }
+    drain(nullptr);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::Impl::post_p2p(
+    c10::intrusive_ptr<ChorusWork> w, const std::function<chorus::Request()>& post) {
+  {
+    std::lock_guard lk(queue_mu);
+    w->issued = true;
+  }
+  try {
+    chorus::Request r;
+    {
+      std::lock_guard lk(p2p_mu);
+      r = post();
+    }
+    w->attach({r});
+  } catch (const std::exception& e) {
+    w->fail_with(e);
+  }
+  return w;
+}
+
+ProcessGroupChorus::ProcessGroupChorus(const Ptr<c10d::Store>& store, int rank, int size,
+                                       std::chrono::milliseconds timeout)
+    : ProcessGroup(rank, size), impl_(std::make_unique<Impl>(store, rank, size, timeout)) {}
+
+ProcessGroupChorus::~ProcessGroupChorus() = default;
+
+}  // namespace chorus_torch

@@ -1,0 +1,52 @@
+#pragma once
+// How a queued Work hands its operation to chorus: the one launch closure of the collectives.
+//
+// A collective is described as plain data (Collective); launch() turns it into the Work's launch,
+// which runs it as chorus's blocking call when the Work is issued to a waiting thread, and as the
+// *_async call otherwise (see group.hpp for which). all_to_all with per-rank counts has a launch
+// of its own: chorus runs it point to point, blocking.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "chorus/core/types.hpp"
+#include "work.hpp"
+
+namespace chorus_torch {
+
+class Comm;  // comm.hpp
+
+/// One collective in chorus's pointer form. Tensors rather than pointers, so that the launch
+/// keeps them alive; their data is read when the collective is issued.
+struct Collective {
+  enum class Kind {
+    broadcast, all_reduce, reduce, all_gather, gather, scatter, reduce_scatter, all_to_all, barrier
+  };
+
+  Kind kind = Kind::barrier;
+  at::Tensor in{};   ///< undefined where this rank sends nothing (scatter off the root); broadcast: unused
+  at::Tensor out{};  ///< undefined where this rank receives nothing (gather off the root)
+  std::size_t count = 0;  ///< elements per rank, as chorus counts them for `kind`
+  chorus::DataType dt = chorus::DataType::uint8;
+  chorus::ReduceOp op = chorus::ReduceOp::sum;  ///< all_reduce, reduce, reduce_scatter
+  int root = -1;                                ///< broadcast, reduce, gather, scatter
+};
+
+/// The launch of `call` on `comm`: blocking, it runs the call and completes the Work; else it
+/// starts the *_async call and attaches its request.
+ChorusWork::Launch launch(Comm& comm, Collective call);
+
+/// The launch of an all_to_all with per-rank counts: `in_counts[p]` elements of `in` go to rank p,
+/// `out_counts[p]` into `out` come from it, at the running offsets. chorus::all_to_all_v (point to
+/// point, blocking on the thread that issues it) after a barrier. The barrier is a blocking
+/// collective, so it runs after every collective issued before (it queues behind them on the
+/// communicator's worker): their results are in the input before it is sent, and nothing still
+/// writes the output.
+ChorusWork::Launch launch_all_to_all_v(Comm& comm, at::Tensor in, at::Tensor out,
+                                       std::vector<int64_t> in_counts, std::vector<int64_t> out_counts,
+                                       chorus::DataType dt);
+
+}  // namespace chorus_torch

@@ -1,0 +1,47 @@
+// ProcessGroupChorus's send and recv: posted to chorus at once, not queued (group.hpp says why).
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "arguments.hpp"
+#include "comm.hpp"
+#include "group.hpp"
+#include "process_group.hpp"
+#include "work.hpp"
+
+namespace chorus_torch {
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  const std::string op = "send to " + std::to_string(dst) + " tag " + std::to_string(tag);
+  check_single(rank_, op, tensors);
+  wire_of(rank_, op, tensors[0].scalar_type());
+  const at::Tensor t = tensors[0].contiguous();
+  auto w = impl_->make(c10d::OpType::SEND, describe(op, t), tensors);
+  w->keep(t);
+  Comm* c = impl_->comm.get();
+  return impl_->post_p2p(w, [c, t, dst, tag] {
+    return c->isend_bytes(chorus::ConstBytes{static_cast<const std::byte*>(data_of(t)), t.nbytes()}, dst,
+                          tag);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  const std::string op = "recv from " + std::to_string(src) + " tag " + std::to_string(tag);
+  check_single(rank_, op, tensors);
+  wire_of(rank_, op, tensors[0].scalar_type());
+  auto w = impl_->make(c10d::OpType::RECV, describe(op, tensors[0]), tensors, src);
+  const at::Tensor t = staged(*w, tensors[0], true);
+  w->keep(t);
+  Comm* c = impl_->comm.get();
+  return impl_->post_p2p(w, [c, t, src, tag] {
+    return c->irecv_bytes(chorus::MutableBytes{static_cast<std::byte*>(data_of(t)), t.nbytes()}, src, tag);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>&, int tag) {
+  fail(rank_, "recv from any source, tag " + std::to_string(tag),
+       "not supported by the chorus backend (chorus matches receives by source): pass src");
+}
+
+}  // namespace chorus_torch
