@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include "chorus/mismatch/stamp.hpp"
+#include "chorus/algo/stamp.hpp"
 #include "fuzz_input.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

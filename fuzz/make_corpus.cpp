@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../examples/02_train_fashion_mnist/fashion_mnist.hpp"
-#include "chorus/mismatch/stamp.hpp"
+#include "chorus/algo/stamp.hpp"
 #include "chorus/bootstrap/tcp_store.hpp"
 #include "chorus/communicator.hpp"
 #include "chorus/transport/shm/detail/segment.hpp"

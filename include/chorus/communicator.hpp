@@ -314,8 +314,6 @@ class Communicator {
   Request collective(algo::CollectiveDesc desc, algo::Args args, bool async,
                      exec::TicketRef ticket = {});
   void abort_with(const Error& why);
-  static void run_algorithm(State& st, algo::Channel<T>& ch, const algo::CollectiveDesc& desc, const algo::Args& args,
-                            const algo::Choice& choice);
 
   template <class In, class Out>
   Request all_reduce_start(const In& in, Out&& out, ReduceOp op, bool async, const device::Stream* stream = nullptr) {

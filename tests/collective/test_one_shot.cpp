@@ -18,7 +18,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "chorus/algo/one_shot.hpp"
+#include "chorus/algo/intranode/one_shot.hpp"
 #include "chorus/communicator.hpp"
 #include "support/communicators.hpp"
 #include "support/fill.hpp"

@@ -1,7 +1,7 @@
 // Buffers that grow give memory back: the algorithms' Scratch after a burst of large calls, the
 // flight recorder keeps a fixed number of calls.
 #include "chorus/exec/host.hpp"
-#include "chorus/algo/flight_recorder.hpp"
+#include "chorus/diag/flight_recorder.hpp"
 
 #include <doctest/doctest.h>
 

@@ -28,7 +28,7 @@
 #include "chorus/core/concepts.hpp"
 #include "chorus/device/runtime.hpp"
 #include "chorus/exec/executor.hpp"
-#include "chorus/mismatch/call_check.hpp"
+#include "chorus/algo/call_check.hpp"
 #include "chorus/core/tag.hpp"
 
 namespace chorus::algo {
@@ -140,7 +140,7 @@ class Channel {
   /// Whether `link` takes this message of the executor's memory as it is (see the top).
   template <class L>
   bool direct(L& link, const std::byte* p, std::size_t bytes) {
-    if constexpr (requires(device::Runtime& rt) { link.device_memory(rt, p, bytes); }) {
+    if constexpr (LinkWithDeviceMemory<L>) {
       device::Runtime* rt = x_.runtime();
       return rt != nullptr && link.device_memory(*rt, p, bytes);
     } else {

@@ -36,9 +36,26 @@
 /// | t.abort(error)        | void           | fails everything pending and later, closes links   |
 /// Destroying a transport never blocks beyond a short bounded shutdown.
 /// A candidate of the registry (transport/registry.hpp) also has
-/// `static bool can_connect(const PeerInfo& me, const PeerInfo& peer)` (core/peer_info.hpp).
+/// `static bool can_connect(const PeerInfo& me, const PeerInfo& peer)` (transport/peer_info.hpp).
+///
+/// Optional capabilities, asked for by the layers above with `if constexpr (Concept<...>)`:
+/// | concept                     | expression                    | contract                          |
+/// |-----------------------------|-------------------------------|-----------------------------------|
+/// | LinkWithMailboxes<L>        | l.shm_link()                  | the shm link with mailboxes to    |
+/// |                             |                               | the peer (algo/intranode/         |
+/// |                             |                               | one_shot.hpp), or null            |
+/// | LinkWithIpc<L>              | l.cuda_ipc()                  | bool: this rank maps the peer's   |
+/// |                             |                               | device memory (intranode/ipc.hpp) |
+/// | LinkWithDeviceMemory<L>     | l.device_memory(rt, p, bytes) | bool: the link moves these device |
+/// |                             |                               | bytes itself (rdma dma-buf)       |
+/// | TransportWithPeerModels<T>  | t.link_model(peer)            | the TransportModel of the link    |
+/// |                             |                               | that serves the peer (hybrid)     |
+/// | TransportWithMemoryBytes<T> | t.memory_bytes()              | bytes the transport holds         |
 
 #include <concepts>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -53,6 +70,10 @@ namespace chorus {
 
 /// What a transport is built from (bootstrap/rendezvous.hpp): named here, defined above this layer.
 struct Bootstrap;
+
+namespace device {
+class Runtime;  // device/runtime.hpp
+}
 
 template <class L>
 concept Link = requires(L& l, ConstBytes in, MutableBytes out, Tag tag) {
@@ -72,5 +93,32 @@ concept Transport = std::constructible_from<T, const Bootstrap&> &&
                       { t.link(peer) } -> Link;
                       { t.abort(e) };
                     };
+
+/// The link type of transport T.
+template <class T>
+using LinkOf = std::remove_reference_t<decltype(std::declval<T&>().link(0))>;
+
+template <class L>
+concept LinkWithMailboxes = requires(L& l) { l.shm_link(); };
+
+template <class L>
+concept LinkWithIpc = requires(L& l) {
+  { l.cuda_ipc() } -> std::convertible_to<bool>;
+};
+
+template <class L>
+concept LinkWithDeviceMemory = requires(L& l, device::Runtime& rt, const std::byte* p, std::size_t bytes) {
+  { l.device_memory(rt, p, bytes) } -> std::convertible_to<bool>;
+};
+
+template <class T>
+concept TransportWithPeerModels = requires(T& t, int peer) {
+  { t.link_model(peer) } -> std::convertible_to<TransportModel>;
+};
+
+template <class T>
+concept TransportWithMemoryBytes = requires(const T& t) {
+  { t.memory_bytes() } -> std::convertible_to<std::size_t>;
+};
 
 }  // namespace chorus

@@ -28,7 +28,7 @@
 #include "chorus/bootstrap/store.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/cost_model.hpp"
-#include "chorus/core/peer_info.hpp"
+#include "chorus/transport/peer_info.hpp"
 #include "chorus/device/default.hpp"
 #include "chorus/transport/shm/transport.hpp"
 

@@ -33,7 +33,7 @@
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/cost_model.hpp"
-#include "chorus/core/peer_info.hpp"
+#include "chorus/transport/peer_info.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/device/runtime.hpp"
 #include "chorus/transport/registry.hpp"

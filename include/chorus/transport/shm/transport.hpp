@@ -45,7 +45,7 @@
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/cost_model.hpp"
-#include "chorus/core/peer_info.hpp"
+#include "chorus/transport/peer_info.hpp"
 #include "chorus/detail/env.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/shell.hpp"

@@ -21,7 +21,7 @@
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/cost_model.hpp"
-#include "chorus/core/peer_info.hpp"
+#include "chorus/transport/peer_info.hpp"
 #include "chorus/detail/asio.hpp"
 #include "chorus/detail/handshake.hpp"
 #include "chorus/detail/log.hpp"

@@ -31,7 +31,7 @@
 #include "chorus/algo/descriptor.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
-#include "chorus/mismatch/stamp.hpp"
+#include "chorus/algo/stamp.hpp"
 #include "chorus/reduce/host.hpp"
 
 namespace chorus::algo {
@@ -39,7 +39,7 @@ namespace chorus::algo {
 /// True when the transport can give every member of `g` a mailbox link.
 template <Transport T>
 bool has_mailboxes(const Group<T>& g) {
-  if constexpr (requires(T& t) { t.link(0).shm_link(); }) {
+  if constexpr (LinkWithMailboxes<LinkOf<T>>) {
     for (int p = 0; p < g.size(); ++p)
       if (p != g.rank && g.transport->link(g.members[static_cast<std::size_t>(p)]).shm_link() == nullptr) return false;
     return g.size() > 1;
@@ -51,7 +51,7 @@ bool has_mailboxes(const Group<T>& g) {
 /// The largest all_reduce (bytes) the one-shot algorithm takes.
 template <Transport T>
 constexpr std::size_t one_shot_max_bytes() {
-  if constexpr (requires(T& t) { t.link(0).shm_link(); }) {
+  if constexpr (LinkWithMailboxes<LinkOf<T>>) {
     using Slot = std::remove_cvref_t<decltype(std::declval<T&>().link(0).shm_link()->mailbox_in(1))>;
     return sizeof(Slot::data);
   } else {
@@ -154,7 +154,7 @@ const std::byte* mailbox_data(Group<T>& g, int p) {
 template <Transport T, class OnStall>
 void one_shot_all_reduce(Group<T>& g, const CollectiveDesc& desc, const Args& a, std::chrono::milliseconds timeout,
                          const OnStall& on_stall) {
-  if constexpr (!requires(T& t) { t.link(0).shm_link(); }) {
+  if constexpr (!LinkWithMailboxes<LinkOf<T>>) {
     throw Error(ErrorCode::unsupported, ErrorContext{g.rank, -1, describe(desc)}, "no mailboxes on this transport");
   } else {
     const int n = g.size();

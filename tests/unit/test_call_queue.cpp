@@ -1,6 +1,6 @@
-// SerialExecutor: calls run one at a time, in the order they were submitted, exactly once, whether
+// CallQueue: calls run one at a time, in the order they were submitted, exactly once, whether
 // the worker runs them or a thread waiting for one runs it itself; errors reach the waiter.
-#include "chorus/detail/serial_executor.hpp"
+#include "chorus/impl/call_queue.hpp"
 
 #include <doctest/doctest.h>
 
@@ -12,12 +12,12 @@
 #include <thread>
 #include <vector>
 
-namespace unit_test_serial_executor {
+namespace unit_test_call_queue {
 
 namespace {
 
 using chorus::detail::RequestState;
-using chorus::detail::SerialExecutor;
+using chorus::detail::CallQueue;
 
 std::shared_ptr<RequestState> state() {
   return std::make_shared<RequestState>(chorus::ErrorContext{0, -1, "test call"}, std::chrono::seconds(30));
@@ -27,7 +27,7 @@ std::shared_ptr<RequestState> state() {
 
 TEST_CASE("serial executor: in order, once each, one at a time, whoever runs them") {
   constexpr int kJobs = 400;
-  SerialExecutor ex;
+  CallQueue ex;
   std::mutex mu;
   std::vector<int> log;
   std::atomic<int> running{0};
@@ -64,7 +64,7 @@ TEST_CASE("serial executor: in order, once each, one at a time, whoever runs the
 }
 
 TEST_CASE("serial executor: a call's error reaches its waiter; later calls still run") {
-  SerialExecutor ex;
+  CallQueue ex;
   auto bad = state(), good = state();
   std::atomic<bool> ran{false};
   ex.submit([] { throw chorus::Error(chorus::ErrorCode::mismatch, "differs"); }, bad);
@@ -75,7 +75,7 @@ TEST_CASE("serial executor: a call's error reaches its waiter; later calls still
 }
 
 TEST_CASE("serial executor: try_run runs inline only when nothing is queued or running") {
-  SerialExecutor ex;
+  CallQueue ex;
   int inline_runs = 0;
   auto task = [&] { ++inline_runs; };
   CHECK(ex.try_run(task));
@@ -95,7 +95,7 @@ TEST_CASE("serial executor: try_run runs inline only when nothing is queued or r
 // once. Checked with the inline call holding the executor until the queued call has been posted
 // and the worker has had every chance to start it.
 TEST_CASE("serial executor: a queued call never overlaps an inline one") {
-  SerialExecutor ex;
+  CallQueue ex;
   std::atomic<int> running{0};
   std::atomic<int> overlaps{0};
   auto body = [&] {
@@ -119,7 +119,7 @@ TEST_CASE("serial executor: a queued call never overlaps an inline one") {
 // cancel(): queued calls that have not started fail with the cancel error without running; the
 // running one finishes; later submissions fail too.
 TEST_CASE("serial executor: cancel fails the queued calls without running them") {
-  SerialExecutor ex;
+  CallQueue ex;
   std::atomic<bool> release{false};
   std::atomic<int> ran{0};
   auto first = state(), second = state(), third = state();
@@ -140,4 +140,4 @@ TEST_CASE("serial executor: cancel fails the queued calls without running them")
   CHECK(ran.load() == 1);
 }
 
-}  // namespace unit_test_serial_executor
+}  // namespace unit_test_call_queue

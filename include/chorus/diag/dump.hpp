@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "chorus/algo/flight_recorder.hpp"
+#include "chorus/diag/flight_recorder.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/detail/env.hpp"
 #include "chorus/detail/log.hpp"

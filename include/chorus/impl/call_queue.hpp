@@ -34,12 +34,12 @@
 
 namespace chorus::detail {
 
-class SerialExecutor {
+class CallQueue {
  public:
-  SerialExecutor() = default;
-  SerialExecutor(const SerialExecutor&) = delete;
-  SerialExecutor& operator=(const SerialExecutor&) = delete;
-  ~SerialExecutor() { pool_.join(); }
+  CallQueue() = default;
+  CallQueue(const CallQueue&) = delete;
+  CallQueue& operator=(const CallQueue&) = delete;
+  ~CallQueue() { pool_.join(); }
 
   /// Queues `task`; `state` completes when it has run (or fails with its error). A thread that
   /// waits for `state` may run the task itself (see above). Once cancel() has been called, a
@@ -93,7 +93,7 @@ class SerialExecutor {
   bool try_run(F& task) {
     if (!try_begin_inline()) return false;
     struct End {
-      SerialExecutor& e;
+      CallQueue& e;
       ~End() { e.end_inline(); }
     } end{*this};
     task();
@@ -128,7 +128,7 @@ class SerialExecutor {
  private:
   /// A queued call; the Driver of its request, so that the request's waiter can run it.
   struct Job final : Driver {
-    Job(SerialExecutor& e, std::function<void()> t, std::shared_ptr<RequestState> s)
+    Job(CallQueue& e, std::function<void()> t, std::shared_ptr<RequestState> s)
         : ex(e), task(std::move(t)), state(std::move(s)) {}
 
     /// The waiter: runs the call here once it is its turn and nobody has started it; else waits
@@ -144,7 +144,7 @@ class SerialExecutor {
     /// The request's own on-timeout hook aborts the transport (Communicator::collective).
     void on_timeout(const Error&) override {}
 
-    SerialExecutor& ex;
+    CallQueue& ex;
     std::function<void()> task;
     std::shared_ptr<RequestState> state;
     std::uint64_t index = 0;  ///< its turn (set under mu_)

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "chorus/algo/descriptor.hpp"
+#include "chorus/exec/bytes.hpp"
 
 namespace chorus::mismatch {
 
@@ -33,19 +34,14 @@ static_assert(sizeof(Stamp) == 40);
 /// magic are a descriptor: its enumerations have fixed underlying types, and describe() names
 /// values outside them "unknown".
 inline std::optional<CollectiveDesc> read_stamp(const std::byte* head, std::size_t n) {
-  Stamp s;
-  if (n < sizeof s) return std::nullopt;
-  std::memcpy(&s, head, sizeof s);
+  if (n < sizeof(Stamp)) return std::nullopt;
+  const auto s = exec::load<Stamp>(head);
   if (s.magic != DescriptorPolicy::kMagic) return std::nullopt;
   return s.desc;
 }
 
 /// A descriptor written to (read from) raw memory: a one-shot mailbox slot's header.
-inline void put_desc(void* dst, const CollectiveDesc& d) { std::memcpy(dst, &d, sizeof d); }
-inline CollectiveDesc get_desc(const void* src) {
-  CollectiveDesc d;
-  std::memcpy(&d, src, sizeof d);
-  return d;
-}
+inline void put_desc(void* dst, const CollectiveDesc& d) { exec::store(dst, d); }
+inline CollectiveDesc get_desc(const void* src) { return exec::load<CollectiveDesc>(src); }
 
 }  // namespace chorus::mismatch

@@ -43,9 +43,10 @@
 #include <vector>
 
 #include "chorus/algo/descriptor.hpp"
+#include "chorus/exec/bytes.hpp"
 #include "chorus/algo/group.hpp"
 #include "chorus/core/concepts.hpp"
-#include "chorus/mismatch/stamp.hpp"
+#include "chorus/algo/stamp.hpp"
 
 namespace chorus::mismatch {
 
@@ -176,8 +177,8 @@ class CallCheck {
     if (b.size <= inline_bytes_) {
       op.staged = stage(b.size);
       auto& s = mem_->staged_[static_cast<std::size_t>(op.staged)];
-      std::memcpy(s.buf, &stamp_, sizeof stamp_);
-      if (b.size != 0) std::memcpy(s.buf + sizeof stamp_, b.data, b.size);
+      exec::store(s.buf, stamp_);
+      exec::copy_host(s.buf + sizeof stamp_, b.data, b.size);
       s.req = link.isend(ConstBytes{s.buf, sizeof stamp_ + b.size}, tag);
       op.req = s.req;
       return true;
@@ -304,7 +305,7 @@ class CallCheck {
                   "the first message from rank " + std::to_string(op.peer) + " carries no descriptor");
     }
     compare(op.peer, *theirs);
-    if (op.dst.size != 0) std::memcpy(op.dst.data, s.buf + sizeof(Stamp), op.dst.size);
+    exec::copy_host(op.dst.data, s.buf + sizeof(Stamp), op.dst.size);
     s.buf = nullptr;
   }
 

@@ -1,0 +1,66 @@
+#pragma once
+// Communicator<T>::split (MPI_Comm_split): included at the bottom of impl/communicator.hpp.
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "chorus/algo/plan.hpp"
+#include "chorus/core/tag.hpp"
+#include "chorus/impl/state.hpp"
+
+namespace chorus {
+
+template <Transport T>
+Communicator<T> Communicator<T>::split(int color, int key) {
+  State& st = *s_;
+  if (color < 0)
+    throw Error(ErrorCode::invalid_argument, st.ctx(-1, "split"), "color must be non-negative (got " + std::to_string(color) + ")");
+  // 1. Everyone learns everyone's (color, key) through an all-gather on this communicator.
+  const int n = size();
+  std::vector<std::int64_t> mine = {color, key}, all(2 * static_cast<std::size_t>(n));
+  all_gather(mine, all);
+  // 2. My group: the ranks of my color, ordered by (key, rank).
+  std::vector<std::tuple<std::int64_t, int>> order;
+  for (int r = 0; r < n; ++r)
+    if (all[2 * r] == color) order.emplace_back(all[2 * r + 1], r);
+  std::sort(order.begin(), order.end());
+  auto sub = std::make_unique<State>();
+  sub->boot = st.boot;
+  sub->transport = st.transport;
+  sub->group.transport = st.transport.get();
+  for (auto& [k, r] : order) {
+    if (r == rank()) sub->group.rank = static_cast<int>(sub->group.members.size());
+    sub->group.members.push_back(st.group.members[r]);
+  }
+  sub->plan_inputs.rank = sub->group.rank;
+  sub->plan_inputs.size = sub->group.size();
+  sub->plan_inputs.model = algo::group_model(*sub->transport, sub->group);
+  sub->plan_inputs.overrides = st.plan_inputs.overrides;
+  sub->group.descriptors = st.group.descriptors;
+  // 3. A context id unique in the job: the group's first member draws it from the store, the
+  //    others read it. Tags carry it, so the groups never see each other's messages.
+  const std::string key_name = "split/" + std::to_string(st.group.context >> detail::kContextShift) + "/" +
+                               std::to_string(st.split_seq++) + "/" + std::to_string(color);
+  std::int64_t id = 0;
+  if (sub->group.rank == 0) {
+    id = st.boot.store->add("split/next_context", 1);
+    st.boot.store->set(key_name, std::to_string(id));
+  } else {
+    id = std::stoll(st.boot.store->get(key_name, st.boot.options.timeout));
+  }
+  if (id <= 0 || id >= (1 << 16))
+    throw Error(ErrorCode::unsupported, st.ctx(-1, "split"), "more than 65535 sub-communicators in one job");
+  sub->group.context = static_cast<Tag>(id) << detail::kContextShift;
+  sub->runtime = st.runtime;
+  sub->make_recorder();
+  sub->watch_for_errors();
+  // 4. Nobody uses the new group before everyone has posted its error watch.
+  Communicator c(std::move(sub));
+  c.barrier();
+  return c;
+}
+
+}  // namespace chorus

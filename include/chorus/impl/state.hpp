@@ -1,0 +1,197 @@
+#pragma once
+// Communicator<T>::State: what one communicator owns (its group, transport, executors, call
+// queue, recorder, windows, the mismatch watch and the hang diagnosis), and the failure path of
+// a call (failed(), spread()). Included by impl/communicator.hpp.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "chorus/algo/channel.hpp"
+#include "chorus/algo/descriptor.hpp"
+#include "chorus/algo/intranode/window_owner.hpp"
+#include "chorus/algo/plan.hpp"
+#include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/core/tag.hpp"
+#include "chorus/detail/env.hpp"
+#include "chorus/detail/log.hpp"
+#include "chorus/diag/dump.hpp"
+#include "chorus/diag/flight_recorder.hpp"
+#include "chorus/diag/hang.hpp"
+#include "chorus/diag/herald.hpp"
+#include "chorus/exec/device.hpp"
+#include "chorus/exec/host.hpp"
+#include "chorus/impl/call_queue.hpp"
+
+namespace chorus {
+
+namespace detail {
+
+/// The lock a collective holds while it takes its sequence number and its place in the executor
+/// (a few instructions, or a few microseconds to queue an async call): one atomic exchange to take
+/// it and a plain store to give it back, where a std::mutex costs two locked instructions on the
+/// latency path; a waiter yields.
+class CallLock {
+ public:
+  void lock() {
+    while (taken_.exchange(true, std::memory_order_acquire)) std::this_thread::yield();
+  }
+  void unlock() { taken_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> taken_{false};
+};
+
+}  // namespace detail
+
+template <Transport T>
+struct Communicator<T>::State {
+  Bootstrap boot;                   ///< of the job (shared by sub-communicators)
+  std::shared_ptr<T> transport;     ///< shared with sub-communicators
+  algo::Group<T> group;
+  /// What each call is planned from (algo/plan.hpp): the group's slowest link's model, the
+  /// overrides, whether every peer has mailboxes (shm) and mapped device memory (cuda_ipc).
+  algo::PlanInputs plan_inputs;
+  std::size_t ipc_slot_bytes = 0;  ///< CHORUS_CUDA_IPC_SLOT_BYTES, read at creation where ipc
+  exec::HostExecutor host_exec;  ///< copies, reductions and scratch of host buffers
+  std::shared_ptr<algo::ChannelMemory> channel_memory;  ///< reused by each call's Channel
+  /// host_exec's and device_exec's bytes() and channel_memory->bytes() after the last call (memory_stats() reads them
+  /// from any thread; the call's thread owns the buffers).
+  std::atomic<std::size_t> scratch_bytes{0}, channel_bytes{0};
+
+  /// After call `seq` on executor `x`: records how it ended, waits for the executor's work (a
+  /// device stream) and lets scratch shrink after a burst, updates the gauges. A failing stream
+  /// fails the call: returns that error (never throws).
+  std::optional<Error> end_call(std::uint64_t seq, bool ok, exec::Executor& x) {
+    std::optional<Error> stream_error;
+    try {
+      x.end_call();
+    } catch (const Error& e) {
+      stream_error = e;
+      ok = false;
+    }
+    recorder->finished(seq, ok);
+    scratch_bytes.store(host_exec.bytes() + device_bytes(), std::memory_order_relaxed);
+    channel_bytes.store(channel_memory ? channel_memory->bytes() : 0, std::memory_order_relaxed);
+    return stream_error;
+  }
+  std::size_t device_bytes() const { return device_exec ? device_exec->bytes() : 0; }
+
+  // ---- device buffers ----
+  device::Runtime* runtime = nullptr;  ///< tells device memory apart; null: everything is host memory
+  /// Created at the first call on device buffers, with the pool of its stream tickets; declared
+  /// before `exec`, which is joined before they go.
+  std::unique_ptr<exec::DeviceExecutor> device_exec;
+  std::unique_ptr<exec::TicketPool> tickets;
+  /// The IPC windows (algo/intranode/window_owner.hpp): made at the first direct collective,
+  /// closed by a failed one, released before the executor and the runtime go.
+  algo::WindowOwner<T> windows;
+  cuda_ipc::Windows& ipc_windows() { return windows.get(*runtime, group.rank, group.size(), ipc_slot_bytes); }
+  void close_windows() { windows.close(group.rank); }
+  void release_windows() { windows.release(group, coll_seq, aborted.load(), boot.options.timeout); }
+  mutable std::mutex async_mu;
+  std::optional<Error> async_error;  ///< the first failure of a call nobody was waiting on (under async_mu)
+
+  void note_async_error(const Error& e) {
+    std::lock_guard g(async_mu);
+    if (!async_error) async_error = e;
+  }
+  /// The memory kind of a call's buffers (null or unused ones aside); mixing kinds is an error.
+  MemoryKind kind_of(const void* in, const void* out, const algo::CollectiveDesc& d) const {
+    if (!runtime) return MemoryKind::host;
+    const bool has_in = in != nullptr, has_out = out != nullptr;
+    const MemoryKind ki = has_in ? runtime->kind_of(in) : MemoryKind::host;
+    const MemoryKind ko = has_out ? runtime->kind_of(out) : MemoryKind::host;
+    if (has_in && has_out && ki != ko)
+      throw Error(ErrorCode::invalid_argument, ctx(-1, algo::describe(d)),
+                  std::string("the input is in ") + (ki == MemoryKind::device ? "device" : "host") + " memory and the output in " +
+                      (ko == MemoryKind::device ? "device" : "host") + " memory: one call takes buffers of one kind");
+    return has_in ? ki : ko;
+  }
+  /// Point-to-point calls move host memory only (yet): device buffers are refused, not misread.
+  void refuse_device(const void* p, std::size_t n, int peer, const char* verb) const {
+    if (runtime && n != 0 && runtime->kind_of(p) == MemoryKind::device)
+      throw Error(ErrorCode::unsupported, ctx(peer, verb),
+                  "send and recv take host buffers; this one is in device memory (the collectives take device buffers)");
+  }
+  exec::DeviceExecutor& device_executor() {
+    if (!device_exec) {
+      device_exec = std::make_unique<exec::DeviceExecutor>(*runtime, boot.options.timeout);
+      tickets = std::make_unique<exec::TicketPool>(*runtime);
+    }
+    return *device_exec;
+  }
+
+  MemoryStats memory_stats() const {
+    MemoryStats m;
+    m.scratch_bytes = scratch_bytes.load(std::memory_order_relaxed);
+    m.channel_bytes = channel_bytes.load(std::memory_order_relaxed);
+    m.recorder_bytes = recorder ? recorder->bytes() : 0;
+    m.ipc_window_bytes = windows.bytes();
+    if constexpr (TransportWithMemoryBytes<T>) m.transport_bytes = transport->memory_bytes();
+    return m;
+  }
+  /// A collective takes its sequence number and its place in the executor under this lock, so
+  /// calls from several threads run one at a time in the order of their numbers.
+  detail::CallLock call_mu;
+  std::uint64_t coll_seq = 0;       ///< collectives called so far (identical on every rank; under call_mu)
+  std::atomic<std::uint64_t> split_seq{0};
+  mismatch::Watch<T> watch;  ///< the notices of a mismatch found elsewhere, and the herald that spreads one
+  std::atomic<bool> aborted{false};
+  /// The last calls (at least 16; CHORUS_FLIGHT_RECORDER_ENTRIES): dumped on a failure, and
+  /// published for the cross-check through the store when a wait stalls.
+  std::shared_ptr<algo::FlightRecorder> recorder;
+  std::atomic<bool> dumped{false};  ///< the recorder was dumped for a failure (once per communicator)
+  diag::HangWatch hang;  ///< stall cross-checks and late ranks (diag/hang.hpp), set with the recorder
+  detail::CallQueue exec;      ///< declared last: joined first, before anything it uses goes
+
+  ErrorContext ctx(int peer, std::string op) const { return {group.rank, peer, std::move(op)}; }
+
+  /// The flight recorder, once the group is known; registered for CHORUS_DUMP_ON_SIGNAL.
+  void make_recorder() {
+    const auto n = detail::env_int("CHORUS_FLIGHT_RECORDER_ENTRIES", 16, 1 << 20).value_or(64);
+    recorder = std::make_shared<algo::FlightRecorder>(static_cast<std::size_t>(n), group.rank, group.members,
+                                                      group.context >> detail::kContextShift);
+    detail::DumpRegistry::instance().add(recorder);
+    hang = diag::HangWatch(boot.store, group.rank, group.members, group.context, recorder, boot.options.timeout);
+  }
+
+  /// Posts the receives that learn of a mismatch another rank detected (mismatch::Watch).
+  void watch_for_errors() { watch = mismatch::Watch<T>::start(transport, group); }
+
+  /// Dumps the flight recorder once per communicator (later failures are consequences).
+  void dump_once(std::string_view reason) {
+    if (!dumped.exchange(true)) detail::write_dump(recorder->dump(reason));
+  }
+
+  /// A call failed with `e`: tell every rank of a mismatch; dump the recorder; a timeout is
+  /// thrown again naming the ranks that have not entered the call.
+  void failed(const algo::CollectiveDesc& d, const Error& e) {
+    if (e.code() == ErrorCode::mismatch) return spread(e);
+    if (e.code() == ErrorCode::timeout) {
+      const std::string late = hang.late_ranks(d);
+      dump_once(std::string("timeout in ") + algo::describe(d));
+      throw Error::from_text(e.code(), e.what() + late, e.rank(), e.peer());
+    }
+    if (e.code() == ErrorCode::peer_failure || e.code() == ErrorCode::aborted)
+      dump_once(std::string(to_string(e.code())) + " in " + algo::describe(d) + ": " + e.what());
+  }
+
+  /// Tells every peer about `e`, then aborts with it (see Herald). When this rank is already
+  /// telling them (a notice reached it first), returns at once: that herald aborts the transport
+  /// once its notices have left, and aborting here would cut them off.
+  void spread(const Error& e) {
+    if (!watch.herald->start(e)) return;
+    watch.herald->wait(std::chrono::steady_clock::now() + hang.failure_bound());
+    transport->abort(e);  // so that it has happened before the caller throws (abort is idempotent)
+  }
+};
+
+}  // namespace chorus
