@@ -1,4 +1,4 @@
-// The collective descriptor (algo/descriptor.hpp, mismatch/stamp.hpp): the 40-byte stamp a peer
+// The collective descriptor (algo/descriptor.hpp, algo/stamp.hpp): the 40-byte stamp a peer
 // puts in front of its first message or sends on its own, read with read_stamp, then compared
 // and described as a mismatch would be. Promises: any bytes give a descriptor or nothing,
 // nothing is thrown; describe() and describe_difference() name any values (out of range ones

@@ -1,4 +1,4 @@
-// The error notice (mismatch/herald.hpp, mismatch::ErrorNotice): the 1024 bytes a rank that
+// The error notice (diag/herald.hpp, mismatch::ErrorNotice): the 1024 bytes a rank that
 // found a mismatch sends to every other, received into the struct as they come and turned into
 // an Error by the receiver. Promises: message() never reads past the struct, whatever `length`
 // says; the Error made of a notice carries its text whatever the code; of() and message()

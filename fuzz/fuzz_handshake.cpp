@@ -1,4 +1,4 @@
-// The connection handshake (bootstrap/handshake.hpp): the server's check of HELLO, the client's
+// The connection handshake (detail/handshake.hpp): the server's check of HELLO, the client's
 // checks of REPLY and FINAL. Promises: any bytes give a verdict (HELLO) or a HandshakeRefused,
 // which is a chorus::Error (REPLY, FINAL), nothing else; a HELLO that passes re-encodes to the
 // same bytes (encode_hello), and decode_hello(encode_hello(h)) == h.

@@ -33,8 +33,8 @@
 namespace chorus {
 
 /// The transport chorus::init() uses: picks per peer from Options::transport (CHORUS_TRANSPORT,
-/// default auto): shm to ranks on the same host, tcp to the others (see transport/hybrid). rdma
-/// and cuda_ipc will join it.
+/// default auto): per pair of ranks, the first of cuda_ipc, shm, rdma, tcp that can connect it
+/// (transport/registry.hpp, transport/hybrid).
 using DefaultTransport = hybrid::Transport;
 
 #ifdef CHORUS_EXTERN_TEMPLATES

@@ -15,7 +15,8 @@
 /// Contract: the memory stays allocated while the handle lives (free it after destroying the
 /// handle; freeing it first is undefined, as with NCCL's registration). The registration is the
 /// process's: every communicator of the process sees it. Transports that register nothing (tcp,
-/// shm, inproc, cuda_ipc) ignore it; device buffers are staged through chorus's own memory.
+/// shm, inproc, cuda_ipc) ignore it. Device buffers are not registered this way: over rdma with
+/// dma-buf they are registered per message, over cuda_ipc read through IPC windows, else staged.
 
 #include <cstddef>
 #include <cstdint>

@@ -2,7 +2,7 @@
 /// Channel: what an algorithm talks through during one collective call. It knows the group (its
 /// ranks in the transport's numbering), the call's tag, its executor, and nothing of the
 /// transport but the Link concept. Two layers sit behind each message:
-/// * the mismatch protocol (mismatch/call_check.hpp): the call's descriptor rides on or before
+/// * the mismatch protocol (algo/call_check.hpp): the call's descriptor rides on or before
 ///   the first message to each peer and is compared on arrival;
 /// * staging (exec/executor.hpp): when the call's buffers are in memory links cannot read
 ///   (device memory), a send's bytes are downloaded into host staging first and a receive lands

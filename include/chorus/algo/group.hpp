@@ -1,6 +1,6 @@
 #pragma once
 /// What an algorithm's channel knows of its group: the members (their ranks in the transport's
-/// numbering), this rank, the context of its tags; the tag layout; and a message in flight.
+/// numbering), this rank, the context of its tags (the layout: core/tag.hpp); and a message in flight.
 
 #include <vector>
 

@@ -6,7 +6,7 @@
 ///
 /// A forced algorithm chooses among the algorithms of the collectives that have several:
 ///   all_reduce  ring, tree, recursive_doubling, one_shot (the communicator runs one_shot itself),
-///               two_shot (device buffers over cuda_ipc only, algo/ipc.hpp)
+///               two_shot (device buffers over cuda_ipc only, algo/intranode/ipc.hpp)
 ///   broadcast   binomial, chain (tree: the binomial tree)
 ///   reduce      binomial, ring (tree: the binomial tree)
 /// Forcing one of these collectives to an algorithm it lacks is an invalid_argument error that

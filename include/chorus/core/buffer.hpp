@@ -1,6 +1,7 @@
 #pragma once
 /// Byte ranges as links see them, with the kind of memory they live in. Host memory is all the
-/// tcp and shm transports take; rdma and cuda_ipc also take device memory (see docs/design.md).
+/// tcp, shm and cuda_ipc links take; rdma links also take device memory (dma-buf, above the eager
+/// size; docs/transports.md). cuda_ipc's device path reads IPC windows, not links.
 
 #include <cstddef>
 #include <cstdint>

@@ -139,7 +139,7 @@ class Runtime {
   /// go on (the caller reports the failure another way: the flag is never a silent hang).
   virtual void wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) = 0;
 
-  // --- step flags in mapped device memory (transport/cuda_ipc, algo/ipc.hpp) ------------------
+  // --- step flags in mapped device memory (algo/intranode/ipc.hpp) ---------------------------
   /// Work enqueued on `s` after this stores `value` into `*word`, a word of device memory (this
   /// process's own, or a peer's mapped by ipc_open), once the work enqueued before it is done and
   /// its writes are visible to every process and device that maps them (a one-thread kernel: a

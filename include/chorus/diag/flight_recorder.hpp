@@ -2,7 +2,7 @@
 /// FlightRecorder: a communicator's last N collectives (sequence number, collective, count, dtype,
 /// op, root, algorithm, state, times), kept at almost no cost so that a hang or a failure can be
 /// explained after the fact: dumped on a timeout, an abort, a peer's failure and, when
-/// CHORUS_DUMP_ON_SIGNAL=1, on SIGUSR1 (detail/dump_signal.hpp).
+/// CHORUS_DUMP_ON_SIGNAL=1, on SIGUSR1 (diag/dump.hpp).
 ///
 /// Writers are the threads that run a communicator's calls (one call at a time, in call order)
 /// and the thread that queues an async call; a dump may read from any thread. Each entry is a

@@ -65,7 +65,7 @@ class DeviceExecutor final : public Executor {
   /// Work issued from now on waits for `ready` (an event recorded on the caller's stream).
   void after(device::Event ready) { rt_.wait(stream_, ready); }
 
-  /// A second stream, for work that may overlap the main stream's (algo/ipc.hpp: the copy of a
+  /// A second stream, for work that may overlap the main stream's (algo/intranode/ipc.hpp: the copy of a
   /// call's next chunk into its window while this chunk is reduced). After fork(), side_copy work
   /// follows everything issued on the main stream so far; after join(), main-stream work follows
   /// everything issued on the side. wait_stream() joins first, so it covers both.
@@ -108,7 +108,7 @@ class DeviceExecutor final : public Executor {
   void finalize_avg(DataType dt, std::byte* data, std::size_t count, int ranks) override {
     if (count != 0) rt_.finalize_avg(dt, data, count, ranks, stream_);
   }
-  /// The step flags of the direct collectives (algo/ipc.hpp), on this executor's stream.
+  /// The step flags of the direct collectives (algo/intranode/ipc.hpp), on this executor's stream.
   void write_value(std::uint64_t* word, std::uint64_t value) { rt_.write_value(stream_, word, value); }
   void wait_value(const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort, std::uint32_t on_timeout,
                   std::chrono::milliseconds timeout) {

@@ -2,7 +2,7 @@
 /// Tag matching shared by the transports: receives posted before their message arrives wait in
 /// `posted`; messages that arrive before their receive wait in `unexpected`. Both are FIFO per tag,
 /// which is what makes messages arrive in order per (peer, tag) while different tags stay
-/// independent. Not thread-safe: each transport guards it (a mutex, or its one progress thread).
+/// independent. Not thread-safe: each transport guards it (a mutex, or the one thread that drives its engine at a time).
 
 #include <algorithm>
 #include <atomic>

@@ -1,5 +1,5 @@
 #pragma once
-/// Collectives on device buffers through the peers' IPC windows (transport/cuda_ipc/window.hpp),
+/// Collectives on device buffers through the peers' IPC windows (algo/intranode/window.hpp),
 /// for a communicator whose every peer is reached over cuda_ipc: the idea of NCCL's intranode
 /// protocols and of the "one-shot" and "two-shot" all-reduce of TensorRT-LLM and vLLM.
 ///
@@ -10,7 +10,7 @@
 ///
 /// Synchronisation:
 /// * The first step of a call is synchronised on the host: each rank drains its stream and
-///   takes part in a mailbox exchange with every peer (algo/one_shot.hpp) that carries the call's
+///   takes part in a mailbox exchange with every peer (algo/intranode/one_shot.hpp) that carries the call's
 ///   descriptor and its number of steps, so ranks in different collectives, or running different
 ///   algorithms, get mismatch before any device work depends on the other ranks.
 /// * Every later step is synchronised on the device, with no host round trip: after its writes

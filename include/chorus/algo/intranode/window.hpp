@@ -1,15 +1,15 @@
 #pragma once
 /// The IPC windows of one communicator: each rank's device buffer of two slots and a step flag,
 /// exported once, and every peer's opened once (opening a handle is expensive: it is cached for
-/// the communicator's life). algo/ipc.hpp sets them up in the first direct collective and runs
+/// the communicator's life). algo/intranode/ipc.hpp sets them up in the first direct collective and runs
 /// every later one through them.
 ///
 /// Slots: the data of a collective's k-th step (counted over the communicator's life, the same
-/// on every rank) is in slot k % 2 of the windows (algo/ipc.hpp says who writes it, and why no
+/// on every rank) is in slot k % 2 of the windows (algo/intranode/ipc.hpp says who writes it, and why no
 /// read can meet a write).
 ///
 /// Flag: the word `ready` after the slots holds k + 1 once its rank's stream has written the data
-/// of step k (a device-synchronised step, algo/ipc.hpp); peers' streams wait on it through their
+/// of step k (a device-synchronised step, algo/intranode/ipc.hpp); peers' streams wait on it through their
 /// mapping. `abort` is a word of this process's pinned memory that ends those waits: the host
 /// sets it when it gives up, and a wait that times out sets it to say which peer it waited for.
 ///

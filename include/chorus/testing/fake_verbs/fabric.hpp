@@ -35,7 +35,7 @@
 /// Device memory (reg_dmabuf_mr): the fake has no dma-buf importer; it checks with fstat that the
 /// fd's size covers offset + length (EINVAL otherwise, and for an fd that is not open), then
 /// registers [iova, iova + length) of the process as reg_mr registers host memory. That fits the
-/// simulated device runtime (device/sim_runtime.hpp), whose device memory is memfd pages mapped at
+/// simulated device runtime (testing/sim_runtime.hpp), whose device memory is memfd pages mapped at
 /// the device address, which is the iova the transport passes.
 /// An unknown kind fails open_fake, naming it.
 ///

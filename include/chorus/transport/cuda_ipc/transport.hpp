@@ -6,7 +6,7 @@
 /// socket names apart from the shm candidate's), so host buffers and the staged device path move
 /// exactly as over shm. What it adds is the fact that each pair may map the other's device
 /// memory: a communicator whose every peer is reached over cuda_ipc runs its collectives on
-/// device buffers through its peers' IPC windows (transport/cuda_ipc/window.hpp, algo/ipc.hpp):
+/// device buffers through its peers' IPC windows (algo/intranode/window.hpp, algo/intranode/ipc.hpp):
 /// direct reads and writes, a call's first step synchronised through the shm links' mailboxes and
 /// its later ones through flags in the windows, instead of staging every byte through pinned host
 /// memory twice.
@@ -41,9 +41,9 @@ class Link {
   int peer() const { return peer_; }
   Request isend(ConstBytes data, Tag tag) { return l_->isend(data, tag); }
   Request irecv(MutableBytes data, Tag tag) { return l_->irecv(data, tag); }
-  /// The mailboxes (algo/one_shot.hpp, algo/ipc.hpp) and the rest of the shm link.
+  /// The mailboxes (algo/intranode/one_shot.hpp, algo/intranode/ipc.hpp) and the rest of the shm link.
   shm::Link* shm_link() const { return l_; }
-  /// The peer's IPC handles open here (algo/ipc.hpp reads this).
+  /// The peer's IPC handles open here (algo/intranode/ipc.hpp reads this).
   static constexpr bool cuda_ipc() { return true; }
 
  private:
@@ -107,14 +107,8 @@ class Transport {
  public:
   static constexpr std::string_view kName = "cuda_ipc";
   /// Host messages ride shm links: the shm model. The direct collectives on device memory have
-  /// their own (kDirectModel).
+  /// their own (algo/intranode/ipc.hpp, kDirectReadModel).
   static constexpr TransportModel kModel = shm::Transport::kModel;
-  /// One step of a direct collective: at most a drain of the device stream and a mailbox exchange
-  /// on the host (about 10 us on a GPU host: an estimate, not measured here; the steps after a
-  /// call's first cost a flag store and wait on the device, less, which the model does not count),
-  /// then reads of peer memory (200 GB/s: an estimate for one device's memory or NVLink, not
-  /// measured here).
-  static constexpr TransportModel kDirectModel{10e-6, 1.0 / 200e9, 0};
 
   /// This rank's device facts (see the top of the file).
   static std::string local_fact(const ErrorContext&) {

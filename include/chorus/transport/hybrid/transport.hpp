@@ -6,7 +6,7 @@
 ///   invalid_argument error naming the peer and the candidates that could;
 /// - anything else is unsupported here.
 ///
-/// can_connect reads the PeerInfo (core/peer_info.hpp) that every rank publishes in the store at
+/// can_connect reads the PeerInfo (transport/peer_info.hpp) that every rank publishes in the store at
 /// construction, so both ends of each pair choose alike: its host, and the fact of each candidate
 /// that has a static local_fact(ctx) (rdma: the fabric it can use). A candidate with a static
 /// why_not(me, peer) explains a forced pair it cannot connect. Every rank builds its candidates in
@@ -42,10 +42,23 @@ namespace chorus::hybrid {
 namespace detail {
 
 template <class T>
-using LinkOf = std::remove_reference_t<decltype(std::declval<T&>().link(0))>;
+using LinkOf = chorus::LinkOf<T>;
+
+/// A candidate that publishes a fact about this rank (cuda_ipc: its device; rdma: its NIC) for the
+/// others' can_connect: `static std::string local_fact(const ErrorContext&)`.
+template <class T>
+concept PublishesFact = requires(const ErrorContext& ctx) {
+  { T::local_fact(ctx) } -> std::convertible_to<std::string>;
+};
+
+/// A candidate that says why it cannot connect a pair: `static std::string why_not(a, b)`.
+template <class T>
+concept ExplainsRefusal = requires(const PeerInfo& a, const PeerInfo& b) {
+  { T::why_not(a, b) } -> std::convertible_to<std::string>;
+};
 
 /// The type of the mailbox link (what shm_link() points to) of the first link type that has
-/// one, or void. shm_link() is the name algo/one_shot.hpp reads; cuda_ipc's links give the shm
+/// one, or void. shm_link() is the name algo/intranode/one_shot.hpp reads; cuda_ipc's links give the shm
 /// link under them, so every candidate with mailboxes gives the same type.
 template <class... Ls>
 struct FirstWithMailboxes {
@@ -54,7 +67,7 @@ struct FirstWithMailboxes {
 template <class L, class... Ls>
 struct FirstWithMailboxes<L, Ls...> {
   using type = typename decltype([] {
-    if constexpr (requires(L& l) { l.shm_link(); })
+    if constexpr (chorus::LinkWithMailboxes<L>)
       return std::type_identity<std::remove_pointer_t<decltype(std::declval<L&>().shm_link())>>{};
     else
       return std::type_identity<typename FirstWithMailboxes<Ls...>::type>{};
@@ -86,25 +99,25 @@ class BasicLink {
   TransportModel model() const { return kModels[l_.index()]; }
   bool served() const { return served_; }
 
-  /// The link with mailboxes, where the serving candidate has them (algo/one_shot.hpp), else null.
+  /// The link with mailboxes, where the serving candidate has them (algo/intranode/one_shot.hpp), else null.
   using MailboxLink = typename detail::FirstWithMailboxes<detail::LinkOf<Ts>...>::type;
   MailboxLink* shm_link() const
     requires(!std::is_void_v<MailboxLink>)
   {
     return std::visit(
         [](auto* l) -> MailboxLink* {
-          if constexpr (requires { l->shm_link(); })
+          if constexpr (chorus::LinkWithMailboxes<std::remove_pointer_t<decltype(l)>>)
             return l->shm_link();
           else
             return nullptr;
         },
         l_);
   }
-  /// True where the serving candidate maps the peer's device memory (cuda_ipc; algo/ipc.hpp).
+  /// True where the serving candidate maps the peer's device memory (cuda_ipc; algo/intranode/ipc.hpp).
   bool cuda_ipc() const {
     return std::visit(
         [](auto* l) {
-          if constexpr (requires { l->cuda_ipc(); })
+          if constexpr (chorus::LinkWithIpc<std::remove_pointer_t<decltype(l)>>)
             return static_cast<bool>(l->cuda_ipc());
           else
             return false;
@@ -116,7 +129,7 @@ class BasicLink {
   bool device_memory(device::Runtime& rt, const void* p, std::size_t bytes) {
     return std::visit(
         [&](auto* l) {
-          if constexpr (requires { l->device_memory(rt, p, bytes); })
+          if constexpr (chorus::LinkWithDeviceMemory<std::remove_pointer_t<decltype(l)>>)
             return static_cast<bool>(l->device_memory(rt, p, bytes));
           else
             return false;
@@ -221,7 +234,7 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   };
   (
       [&] {
-        if constexpr (requires { Ts::local_fact(ctx); }) {
+        if constexpr (detail::PublishesFact<Ts>) {
           me.facts.emplace_back(std::string(Ts::kName), Ts::local_fact(ctx));
           b.store->set(fact_key(Ts::kName, rank_), me.facts.back().second);
         }
@@ -233,7 +246,7 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
     std::size_t i = 0;
     (
         [&] {
-          if constexpr (requires { Ts::why_not(a, c); })
+          if constexpr (detail::ExplainsRefusal<Ts>)
             if (i == k) s = ": " + Ts::why_not(a, c);
           ++i;
         }(),

@@ -22,7 +22,7 @@
 /// * **abort**: a link that fails with a reason the peer should hear writes the peer's abort word
 ///   (another RDMA write), so the peer fails too instead of waiting for its timeout.
 /// Registrations (detail/registration.hpp): a large message's buffer is registered before the rts
-/// and on the receive's match; from the cache when it is memory chorus owns (the executors' scratch),
+/// and on the receive's match; from the cache when it is memory chorus owns (the host executor's scratch),
 /// else for that message alone, deregistered when it completes or fails: no cached key can name
 /// memory that was freed and reused. The transport's own slots and credit blocks are registered
 /// once (transport.hpp). At most Policy::kMaxRegistered messages per direction hold one at a

@@ -146,7 +146,7 @@ class Link {
   }
   bool cma() const { return cma_; }
 
-  // ---- mailboxes (algo/one_shot.hpp; detail/segment.hpp) ----
+  // ---- mailboxes (algo/intranode/one_shot.hpp; detail/segment.hpp) ----
   // One communicator uses them (the one that owns the transport), one call at a time, so these
   // need no lock: the slots are shared memory with their own ordering, the count is the caller's.
 

@@ -1,6 +1,6 @@
 #pragma once
-/// shm::Transport: links between processes of one host through shared memory, one progress
-/// thread per transport.
+/// shm::Transport: links between processes of one host through shared memory, driven by the
+/// thread that waits (a background thread stands in for work nobody waits on; transport/progress.hpp).
 ///
 /// Set-up, per pair of ranks (lower rank `lo`, higher rank `hi`):
 ///   1. lo listens on an abstract unix socket named after the job nonce and its rank (no file

@@ -1,5 +1,6 @@
 #pragma once
-/// tcp::Link: one full-duplex TCP connection to a peer, driven by the transport's progress thread.
+/// tcp::Link: one full-duplex TCP connection to a peer, driven by the thread that waits (or the
+/// background thread, for work nobody waits on; transport/progress.hpp).
 ///
 /// Wire protocol (frames of a fixed 32-byte header, optionally followed by a payload):
 /// | type  | header fields      | payload | meaning                                              |

@@ -1,10 +1,11 @@
 #pragma once
-/// tcp::Transport: a TCP connection to every peer, over Boost.Asio, with one progress thread.
+/// tcp::Transport: a TCP connection to every peer, over Boost.Asio, driven by the thread that waits
+/// (a background thread stands in for work nobody waits on; transport/progress.hpp).
 ///
 /// Connection set-up: every rank listens on one address (CHORUS_SOCKET_IFNAME, or the one that
 /// routes to the master host) on an ephemeral port and publishes "address port" in the store;
 /// rank r connects to every rank below it and accepts from every rank above it. Each connection
-/// opens with the handshake of bootstrap/handshake.hpp (magic, version, the job nonce, the ranks
+/// opens with the handshake of detail/handshake.hpp (magic, version, the job nonce, the ranks
 /// at both ends, and with CHORUS_JOB_TOKEN a challenge-response); a connection that fails it is
 /// refused and logged and the rank keeps accepting. The listening socket is closed once all peers
 /// are connected, so nothing listens for the rest of the job.

@@ -1,6 +1,6 @@
 #pragma once
 /// Which verbs provider the rdma transport of this process opens (verbs.hpp), and what it tells
-/// the other ranks about it (the fact that hybrid::Transport exchanges, core/peer_info.hpp):
+/// the other ranks about it (the fact that hybrid::Transport exchanges, transport/peer_info.hpp):
 /// - CHORUS_IB_FAKE=<file>: the in-repo fake on that fabric file, for tests: every process of the
 ///   job names the same file. The fake is a test double that users' programs never compile: a
 ///   program that wants it includes chorus/testing/fake_verbs.hpp, which registers it here

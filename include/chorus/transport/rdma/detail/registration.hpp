@@ -4,7 +4,7 @@
 /// A registration pins pages and hands the NIC their addresses, so a cached registration of a
 /// buffer that was freed and whose addresses were handed out again would let the NIC read and
 /// write the old pages. So only ranges announced to detail::OwnedMemory are cached: memory chorus
-/// owns (the executors' scratch, announced while allocated) and user memory the caller registered
+/// owns (the host executor's scratch, announced while allocated) and user memory the caller registered
 /// (chorus::RegisteredMemory, like ncclCommRegister: the caller keeps it allocated while the
 /// handle lives). The cache registers such a range whole on first use and keeps it until the
 /// range is retired (its listener hears it before the memory is freed) or, for chorus's own

@@ -24,7 +24,7 @@
 /// sees the other: no lost wake-up. `writer_sleeping` is the same for a writer waiting for room.
 ///
 /// Mailboxes: besides the ring, each direction has two fixed slots that the one-shot collectives
-/// write and read in turn (algo/one_shot.hpp: a message per call and peer, no record, no
+/// write and read in turn (algo/intranode/one_shot.hpp: a message per call and peer, no record, no
 /// matching). The writer fills the slot, then stores its `stamp` (seq_cst), then takes the
 /// reader's `reader_sleeping` flag of the ring of the same direction like a ring writer does, so
 /// a reader that sleeps in the engine's wait is woken by the same doorbell.
@@ -58,7 +58,7 @@ struct Policy {
   /// Without CMA, a large message streams through the ring in records of this payload.
   static constexpr std::size_t kStreamChunkBytes = 128 * 1024;
   static constexpr std::uint64_t kMaxMessageBytes = chorus::kMaxMessageBytes;
-  /// Payload of a mailbox slot: the largest one-shot message (algo/one_shot.hpp).
+  /// Payload of a mailbox slot: the largest one-shot message (algo/intranode/one_shot.hpp).
   static constexpr std::size_t kMailboxBytes = 4096 - 64;
 };
 
