@@ -77,56 +77,9 @@
 #include "chorus/core/error.hpp"
 #include "chorus/core/types.hpp"
 #include "chorus/device/runtime.hpp"
-
-#include "chorus/testing/grid_emulator.hpp"
+#include "chorus/testing/sim_runtime/errors.hpp"
 
 namespace chorus::device {
-
-namespace detail {
-
-/// The kernel bodies the simulated launches run: reduce/cuda's, under the grid emulator.
-namespace sim_kernels = chorus::device;
-
-/// cudaGetErrorName for the numbers the simulation produces or a test injects.
-constexpr std::string_view cuda_error_name(int e) noexcept {
-  switch (e) {
-    case 0: return "cudaSuccess";
-    case 1: return "cudaErrorInvalidValue";
-    case 2: return "cudaErrorMemoryAllocation";
-    case 3: return "cudaErrorInitializationError";
-    case 34: return "cudaErrorStubLibrary";
-    case 35: return "cudaErrorInsufficientDriver";
-    case 100: return "cudaErrorNoDevice";
-    case 101: return "cudaErrorInvalidDevice";
-    case 400: return "cudaErrorInvalidResourceHandle";
-    case 600: return "cudaErrorNotReady";
-    case 700: return "cudaErrorIllegalAddress";
-    case 702: return "cudaErrorLaunchTimeout";
-    case 710: return "cudaErrorAssert";
-    case 719: return "cudaErrorLaunchFailure";
-    case 999: return "cudaErrorUnknown";
-    default: return "unrecognized error code";
-  }
-}
-
-/// "<call>: cudaErrorXxx (N)[: what]", the text CudaRuntime gives for the same failure.
-inline std::string cuda_error_text(std::string_view call, int e, std::string_view what = {}) {
-  std::string s(call);
-  s += ": ";
-  s += cuda_error_name(e);
-  s += " (" + std::to_string(e) + ")";
-  if (!what.empty()) {
-    s += ": ";
-    s += what;
-  }
-  return s;
-}
-
-inline Error cuda_error(std::string_view call, int e, std::string_view what = {}) {
-  return Error(means_no_gpu(e) ? ErrorCode::unsupported : ErrorCode::system, cuda_error_text(call, e, what));
-}
-
-}  // namespace detail
 
 class SimRuntime final : public Runtime {
  public:
@@ -335,4 +288,10 @@ class SimRuntime final : public Runtime {
 
 }  // namespace chorus::device
 
+// The bodies, one file per part of the model above.
+#include "chorus/testing/sim_runtime/faults.hpp"
+#include "chorus/testing/sim_runtime/memory.hpp"
+#include "chorus/testing/sim_runtime/ipc.hpp"
 #include "chorus/testing/sim_runtime/streams.hpp"
+#include "chorus/testing/sim_runtime/work.hpp"
+#include "chorus/testing/sim_runtime/flags.hpp"

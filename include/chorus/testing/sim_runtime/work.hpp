@@ -1,0 +1,221 @@
+#pragma once
+/// device::SimRuntime (testing/sim_runtime.hpp): the work enqueued on a stream. Copies, fills and
+/// the reduction kernels (run by the kernel bodies of reduce/cuda under the grid emulator): checked
+/// and queued at the call, checked again and run by the stream's worker.
+
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "chorus/testing/grid_emulator.hpp"
+#include "chorus/testing/sim_runtime.hpp"
+
+namespace chorus::device {
+
+namespace detail {
+
+/// The kernel bodies the simulated launches run: reduce/cuda's, under the grid emulator.
+namespace sim_kernels = chorus::device;
+
+/// The runtime call each simulated operation stands for (CudaRuntime's names).
+constexpr std::string_view sim_call_name(std::string_view call) noexcept {
+  if (call == "copy") return "cudaMemcpyAsync";
+  if (call == "fill") return "cudaMemsetAsync";
+  if (call == "reduce") return "reduce_async";
+  if (call == "reduce_many") return "reduce_many_async";
+  if (call == "finalize_avg") return "finalize_avg_async";
+  if (call == "wait_flag" || call == "write_value" || call == "wait_value") return "cudaLaunchKernel";
+  if (call == "alloc_device") return "cudaMalloc";
+  if (call == "alloc_pinned") return "cudaHostAlloc";
+  if (call == "create_stream") return "cudaStreamCreateWithFlags";
+  if (call == "create_event") return "cudaEventCreateWithFlags";
+  return call;
+}
+}  // namespace detail
+
+// --- work enqueued on a stream -------------------------------------------------------------------
+
+inline void SimRuntime::enqueue(Stream s, std::string_view call, Op op) {
+  std::lock_guard lk(mu_);
+  auto st = stream_of(s, detail::sim_call_name(call));
+  throw_if_failed(*st);
+  op.inject = take_injection(call);
+  if (auto it = stalls_.find(call); it != stalls_.end() && --it->second.first == 0) {
+    op.stall = it->second.second;
+    stalls_.erase(it);
+  }
+  st->queue.push_back(std::move(op));
+  ++st->enqueued;
+  st->cv.notify_one();
+}
+
+inline void SimRuntime::copy(void* dst, const void* src, std::size_t bytes, Stream s) {
+  if (bytes == 0) return;
+  Op op(OpKind::copy);
+  op.dst = dst;
+  op.a = src;
+  op.bytes = bytes;
+  enqueue(s, "copy", std::move(op));
+}
+
+inline void SimRuntime::fill(void* dst, int byte, std::size_t bytes, Stream s) {
+  if (bytes == 0) return;
+  Op op(OpKind::fill);
+  op.dst = dst;
+  op.value = byte;
+  op.bytes = bytes;
+  enqueue(s, "fill", std::move(op));
+}
+
+inline void SimRuntime::reduce(ReduceOp rop, DataType dt, void* out, const void* a, const void* b,
+                               std::size_t count, Stream s) {
+  const std::size_t size = size_of(dt);
+  if (size == 0 || !is_valid_op(dt, rop) || count > SIZE_MAX / size)
+    throw detail::cuda_error("reduce_async", detail::kCudaInvalidValue,
+                             "op " + std::to_string(static_cast<int>(rop)) + " on DataType " +
+                                 std::to_string(static_cast<int>(dt)) + ", count " + std::to_string(count));
+  if (count == 0) return;
+  Op op(OpKind::reduce);
+  op.dst = out;
+  op.a = a;
+  op.b = b;
+  op.bytes = count;
+  op.op = rop;
+  op.dt = dt;
+  enqueue(s, "reduce", std::move(op));
+}
+
+inline void SimRuntime::reduce_many(ReduceOp rop, DataType dt, void* out, const void* const* srcs, int n,
+                                    std::size_t count, Stream s) {
+  check_reduce_many_inputs(srcs, n, "reduce_many");
+  const std::size_t size = size_of(dt);
+  if (size == 0 || !is_valid_op(dt, rop) || count > SIZE_MAX / size)
+    throw detail::cuda_error("reduce_many_async", detail::kCudaInvalidValue,
+                             "op " + std::to_string(static_cast<int>(rop)) + " on DataType " +
+                                 std::to_string(static_cast<int>(dt)) + ", count " + std::to_string(count));
+  if (count == 0) return;
+  Op op(OpKind::reduce_many);
+  op.dst = out;
+  for (int k = 0; k < n; ++k) op.srcs[static_cast<std::size_t>(k)] = srcs[k];  // read now: the caller's array may go
+  op.value = n;
+  op.bytes = count;
+  op.op = rop;
+  op.dt = dt;
+  enqueue(s, "reduce_many", std::move(op));
+}
+
+inline void SimRuntime::finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) {
+  const std::size_t size = size_of(dt);
+  if (size == 0 || world_size <= 0 || count > SIZE_MAX / size)
+    throw detail::cuda_error("finalize_avg_async", detail::kCudaInvalidValue,
+                             "DataType " + std::to_string(static_cast<int>(dt)) + ", world size " +
+                                 std::to_string(world_size) + ", count " + std::to_string(count));
+  if (count == 0) return;
+  Op op(OpKind::finalize_avg);
+  op.dst = data;
+  op.bytes = count;
+  op.dt = dt;
+  op.value = world_size;
+  enqueue(s, "finalize_avg", std::move(op));
+}
+
+// --- run by the stream's worker ------------------------------------------------------------------
+
+inline void SimRuntime::execute(StreamState& st, Op& op, std::unique_lock<std::mutex>& lk) {
+  switch (op.kind) {
+    case OpKind::record:
+      if (op.event->generation == op.generation) {
+        op.event->when = std::chrono::steady_clock::now();
+        op.event->stamped = true;
+      }
+      return;
+    case OpKind::wait_event: {
+      auto& t = *op.target;
+      progress_.wait(lk, [&] { return stopping_ || t.completed >= op.position || t.exited; });
+      return;
+    }
+    case OpKind::wait_flag:
+      if (op.inject != 0) {
+        st.error = StreamError{op.inject, detail::cuda_error_text("cudaLaunchKernel", op.inject, "injected")};
+        return;
+      }
+      wait_for_flag(st, op, lk);
+      return;
+    case OpKind::write_value:
+    case OpKind::wait_value:
+      if (op.inject != 0) {
+        st.error = StreamError{op.inject, detail::cuda_error_text("cudaLaunchKernel", op.inject, "injected")};
+        return;
+      }
+      if (op.kind == OpKind::write_value)
+        store_word(st, op, lk);
+      else
+        wait_for_value(st, op, lk);
+      return;
+    default: execute_memory(st, op, lk); return;
+  }
+}
+
+inline void SimRuntime::execute_memory(StreamState& st, Op& op, std::unique_lock<std::mutex>& lk) {
+  std::string_view call;
+  switch (op.kind) {
+    case OpKind::copy: call = "cudaMemcpyAsync"; break;
+    case OpKind::fill: call = "cudaMemsetAsync"; break;
+    case OpKind::reduce: call = "reduce_async"; break;
+    case OpKind::reduce_many: call = "reduce_many_async"; break;
+    default: call = "finalize_avg_async"; break;
+  }
+  if (op.inject != 0) {
+    st.error = StreamError{op.inject, detail::cuda_error_text(call, op.inject, "injected")};
+    return;
+  }
+  // Lock order: memory_rw_ before mu_. Held shared while the bytes move, so that no free
+  // returns the memory under this operation.
+  lk.unlock();
+  std::shared_lock rd(memory_rw_);
+  lk.lock();
+  std::string why;
+  int code = detail::kCudaInvalidValue;
+  if (op.kind == OpKind::copy) {
+    why = check_any_range(op.dst, op.bytes, "destination");
+    if (why.empty()) why = check_any_range(op.a, op.bytes, "source");
+  } else if (op.kind == OpKind::fill) {
+    why = check_any_range(op.dst, op.bytes, "destination");
+  } else {
+    code = detail::kCudaIllegalAddress;
+    const std::size_t bytes = op.bytes * size_of(op.dt);
+    why = check_device_range(op.dst, bytes, op.kind == OpKind::finalize_avg ? "data" : "out");
+    if (why.empty() && op.kind == OpKind::reduce) why = check_device_range(op.a, bytes, "a");
+    if (why.empty() && op.kind == OpKind::reduce) why = check_device_range(op.b, bytes, "b");
+    for (int k = 0; why.empty() && op.kind == OpKind::reduce_many && k < op.value; ++k)
+      why = check_device_range(op.srcs[static_cast<std::size_t>(k)], bytes, "srcs[" + std::to_string(k) + "]");
+  }
+  if (!why.empty()) {
+    st.error = StreamError{code, detail::cuda_error_text(call, code, why)};
+    return;
+  }
+  lk.unlock();
+  std::optional<std::string> failed;
+  try {
+    switch (op.kind) {
+      case OpKind::copy: std::memmove(op.dst, op.a, op.bytes); break;
+      case OpKind::fill: std::memset(op.dst, op.value, op.bytes); break;
+      case OpKind::reduce: detail::sim_kernels::emulate_reduce(op.op, op.dt, op.dst, op.a, op.b, op.bytes); break;
+      case OpKind::reduce_many:
+        detail::sim_kernels::emulate_reduce_many(op.op, op.dt, op.dst, op.srcs.data(), op.value, op.bytes);
+        break;
+      default: detail::sim_kernels::emulate_finalize_avg(op.dt, op.dst, op.bytes, op.value); break;
+    }
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  rd.unlock();
+  lk.lock();
+  if (failed) st.error = StreamError{detail::kCudaInvalidValue, detail::cuda_error_text(call, 1, *failed)};
+}
+
+}  // namespace chorus::device
