@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Run at build time (POST_BUILD) by chorus_discover_doctests(): lists the doctest cases of
 # TEST_EXECUTABLE and writes CTEST_FILE with one ctest test per case.
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Install rules: headers, the exported targets (chorus::chorus, and chorus::cuda / chorus::rdma when
 # built) and a package config, so that after `cmake --install build --prefix P` a consumer writes
 #   find_package(chorus CONFIG REQUIRED)        # with CMAKE_PREFIX_PATH=P

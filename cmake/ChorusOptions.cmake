@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Optional backends, auto-detected. Each option defaults to ON when its backend is found and OFF
 # when it is not; asking for a backend that is absent warns and turns it off, never fails.
 #

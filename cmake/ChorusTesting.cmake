@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Test conventions (used by tests/CMakeLists.txt):
 #
 #   tests/<dir>/test_*.cpp       ->  one executable <dir>_tests, linked with chorus::chorus, the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # chorus_find_ibverbs(<found-var>): looks for libibverbs and <infiniband/verbs.h> and, when both are
 # there, defines the imported target chorus::ibverbs. Used by the build and by the installed package
 # config (chorus::rdma links chorus::ibverbs by name, so each side finds the library itself).

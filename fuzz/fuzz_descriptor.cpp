@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The collective descriptor (algo/descriptor.hpp, algo/stamp.hpp): the 40-byte stamp a peer
 // puts in front of its first message or sends on its own, read with read_stamp, then compared
 // and described as a mismatch would be. Promises: any bytes give a descriptor or nothing,

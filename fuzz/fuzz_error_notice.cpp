@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The error notice (diag/herald.hpp, mismatch::ErrorNotice): the 1024 bytes a rank that
 // found a mismatch sends to every other, received into the struct as they come and turned into
 // an Error by the receiver. Promises: message() never reads past the struct, whatever `length`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The connection handshake (detail/handshake.hpp): the server's check of HELLO, the client's
 // checks of REPLY and FINAL. Promises: any bytes give a verdict (HELLO) or a HandshakeRefused,
 // which is a chorus::Error (REPLY, FINAL), nothing else; a HELLO that passes re-encodes to the

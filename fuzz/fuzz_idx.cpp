@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The IDX reader of the Fashion-MNIST example (examples/02_train_fashion_mnist/fashion_mnist.hpp,
 // load_idx): an images file and a labels file, plain or gzip-compressed. Promises: a malformed,
 // truncated or oversized file is a DatasetError, nothing else, and never a large allocation

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // Helpers shared by the fuzz targets: a cursor over libFuzzer's input, and a check that stops
 // the run (libFuzzer reports the abort as a crash and keeps the input) when a decoder breaks a

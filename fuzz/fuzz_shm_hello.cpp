@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The shm transport's hello (transport/shm/detail/socket.hpp): the raw 56-byte ShmHello a peer
 // sends, as the accepting rank checks it (accepted_hello_rank) and the connecting rank checks
 // the reply (hello_matches). Promises: any bytes get an answer, nothing is thrown and nothing is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The shm transport's records (transport/shm/detail/segment.hpp): a ring whose counters and
 // data the peer wrote (the segment is shared memory: a broken or hostile peer can put anything
 // there), read with RingReader as a link drains it, each record checked with record_problem.

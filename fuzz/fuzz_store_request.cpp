@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The TcpStore server's request parser (bootstrap/tcp_store.hpp): a whole request frame from a
 // client. Promises: a malformed, truncated or overlong frame is a chorus::Error, nothing else;
 // a frame that parses is exactly what encode_store_request makes of the parsed request (one

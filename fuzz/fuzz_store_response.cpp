@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The TcpStore client's reply parser (bootstrap/tcp_store.hpp): the reply header, then the
 // payloads of add and check. Promises: malformed input is a chorus::Error (peer_failure),
 // nothing else; a reply that parses re-encodes to the same bytes (encode_store_response), and

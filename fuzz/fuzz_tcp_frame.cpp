@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The tcp link's frame headers (transport/tcp/link.hpp): the check the link makes of each 32-byte
 // header it reads, before it looks at its own state. Promises: every header gets an answer,
 // nothing is thrown; an accepted header has a known type and a size that type allows.

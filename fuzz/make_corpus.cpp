@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Writes the seed corpus of every fuzz target (fuzz/corpus/<target>/) from the library's own
 // encoders: valid frames of each protocol, so that the fuzzers start from inputs that get past
 // the first checks. Run from the build tree: chorus_fuzz_corpus <source>/fuzz/corpus

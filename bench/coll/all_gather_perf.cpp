@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // all_gather_perf: nccl-tests' all_gather_perf for chorus. size is the gathered buffer; every
 // rank contributes count = size / n / typesize elements; busbw = algbw x (n-1)/n.
 #include "coll/common/driver.hpp"

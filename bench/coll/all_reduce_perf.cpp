@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // all_reduce_perf: nccl-tests' all_reduce_perf for chorus. Every rank's buffer of `count`
 // elements is reduced into every rank's output; busbw = algbw x 2(n-1)/n.
 #include "coll/common/driver.hpp"

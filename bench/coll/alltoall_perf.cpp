@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // alltoall_perf: nccl-tests' alltoall_perf for chorus. size is every rank's buffer: n blocks of
 // count = size / n / typesize elements, block p going to rank p; busbw = algbw x (n-1)/n.
 // chorus's all_to_all has no in-place form: the in-place half is timed, #wrong is N/A.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // broadcast_perf: nccl-tests' broadcast_perf for chorus. The root's `count` elements reach every
 // rank; busbw = algbw. chorus's broadcast works on one buffer, so out of place the root sends
 // from its input and copies it to its output while the broadcast runs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // gather_perf: nccl-tests' gather_perf for chorus. size is the root's buffer: every rank's
 // count = size / n / typesize elements land in block r; busbw = algbw x (n-1)/n.
 #include "coll/common/driver.hpp"

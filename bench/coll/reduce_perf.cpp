@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // reduce_perf: nccl-tests' reduce_perf for chorus. Every rank's `count` elements are reduced
 // into the root's output; busbw = algbw.
 #include "coll/common/driver.hpp"

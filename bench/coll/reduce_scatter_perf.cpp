@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // reduce_scatter_perf: nccl-tests' reduce_scatter_perf for chorus. size is every rank's input;
 // each rank receives its reduced block of count = size / n / typesize elements;
 // busbw = algbw x (n-1)/n.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // scatter_perf: nccl-tests' scatter_perf for chorus. size is the root's buffer: n blocks of
 // count = size / n / typesize elements, block p going to rank p; busbw = algbw x (n-1)/n.
 #include "coll/common/driver.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // sendrecv_perf: nccl-tests' sendrecv_perf for chorus. Every rank sends `count` elements to
 // rank + 1 and receives as many from rank - 1, at once (isend + irecv); busbw = algbw.
 // Sending and receiving in one buffer is not supported: the in-place half is timed, #wrong is N/A.

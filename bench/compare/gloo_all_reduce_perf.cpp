@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // gloo_all_reduce_perf: nccl-tests' all_reduce_perf table for Gloo's gloo::allreduce (the
 // collective PyTorch's gloo backend calls for CPU tensors), over Gloo's tcp transport on
 // loopback. Like chorus's *_perf programs it launches itself: run plainly, it starts --nranks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // mpi_all_reduce_perf: nccl-tests' all_reduce_perf table for MPI_Allreduce, the baseline that
 // scripts/compare-bench sets beside chorus's all_reduce_perf. One source, built against Open MPI
 // (openmpi_all_reduce_perf) and MPICH (mpich_all_reduce_perf); the launcher picks the transport:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Host reduction throughput: chorus::reduce(op, dtype, out, a, b, count) over three distinct
 // buffers of 4 KiB, 256 KiB, 4 MiB and 64 MiB each (L1, L2, L3, memory on most machines), against
 // a memcpy of the same buffer size as the baseline; every dtype with every op (prod, min and max

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Transport and store latency and bandwidth, ranks as two threads of this process.
 //
 //   pingpong/<transport>/<bytes>  rank 0 sends `bytes` to rank 1, which sends them back. Time is

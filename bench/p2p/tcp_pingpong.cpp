@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // tcp_pingpong: point-to-point latency and bandwidth between two processes on this host, over
 // the tcp transport (loopback; the default), the shm transport (--transport shm) or the rdma
 // transport (--transport rdma: an RDMA device, e.g. Soft-RoCE on lo, scripts/rdma-guest). The program

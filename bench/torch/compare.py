@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """chorus against gloo through torch.distributed, side by side: the same PyTorch code, only the
 backend name differs.
 

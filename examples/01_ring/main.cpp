@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // 01_ring: the smallest chorus program. Starts N local ranks (or joins a job started by mpirun or
 // srun; torchrun cannot start C++ programs yet, docs/sgd.md), passes a token around the ring, then
 // streams a buffer around it and reports the time per hop.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // Fashion-MNIST from the IDX files that Debian's dataset-fashion-mnist installs (gzip-compressed,
 // read with zlib; plain files are read as they are too). Every header field and length is

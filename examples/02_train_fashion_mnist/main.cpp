@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // 02_train_fashion_mnist: data-parallel training of an MLP on Fashion-MNIST with chorus's SGD
 // helpers. Every rank trains on its shard (DistributedSampler), gradients are averaged every step
 // by a GradientSynchronizer whose all-reduces overlap the backward pass, and the weights stay

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // A small multi-layer perceptron (Eigen, float32) and SGD with momentum, written to match
 // PyTorch one for one:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The collectives of torch.distributed on chorus, each checked against what it must give.
 
     PYTHONPATH=build/release/python /usr/bin/python3 examples/03_torch_collectives/main.py --nprocs 4

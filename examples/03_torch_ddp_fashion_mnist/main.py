@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """DistributedDataParallel on Fashion-MNIST (Debian's dataset-fashion-mnist), with
 DistributedSampler: an MLP 784-256-128-10 (the one in the dataset's README, 0.883 test accuracy)
 trained with SGD; per epoch rank 0 prints the training images/s of the whole group and the test

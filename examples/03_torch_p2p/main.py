@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Point-to-point through torch.distributed on chorus: a token passed around a ring with blocking
 send/recv, then every rank exchanging with both neighbours at once through isend/irecv.
 

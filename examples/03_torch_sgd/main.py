@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Synchronous SGD the way the PyTorch distributed tutorial writes it: each rank trains on its own
 part of the data, and after every backward pass average_gradients() all-reduces each gradient
 (SUM) and divides by the world size, so every rank takes the same step. The data is a noisy

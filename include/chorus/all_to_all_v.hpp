@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// all_to_all_v: all-to-all with a count per rank (MPI_Alltoallv), over a communicator's
 /// point-to-point operations.

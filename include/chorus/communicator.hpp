@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Communicator<Transport>: a group of ranks and the public API on it.
 ///

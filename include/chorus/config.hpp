@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Compile-mode macros: the one place that knows whether nvcc is compiling.
 

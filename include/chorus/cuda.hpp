@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// chorus with CUDA device buffers. Include this from one translation unit that nvcc compiles (a
 /// .cu file, e.g. the one with your kernels) and link chorus::cuda: it makes the CUDA runtime

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Options for creating a communicator. Options::from_env() fills them the way chorus::init()
 /// does: from CHORUS_* variables and the launcher's variables (see docs/environment.md).

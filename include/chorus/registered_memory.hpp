@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// RegisteredMemory: a buffer of the caller's that transports may keep registered with their
 /// device while the handle lives, like ncclCommRegister and ncclCommDeregister.

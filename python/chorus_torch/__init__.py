@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """chorus as a torch.distributed backend.
 
     import chorus_torch                      # registers the backend "chorus"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Starting ranks for the examples and the benchmark, the two usual ways.
 
     from chorus_torch.launch import launch

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // ProcessGroupChorus's all_to_all (torch's all_to_all_single and list all_to_all): equal splits
 // run as chorus's all_to_all; uneven ones, and the list form, as an all_to_all_v (launch.hpp).
 

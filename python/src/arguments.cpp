@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Argument translation and checks: see arguments.hpp.
 
 #include "arguments.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // What a torch argument means to chorus: a dtype's element type on the wire, a c10d ReduceOp's
 // chorus op, and the checks that reject what chorus cannot take. Every message names the rank

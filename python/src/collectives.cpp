@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // ProcessGroupChorus's collectives (all_to_all apart, in all_to_all.cpp): each checks its
 // arguments, makes its Work with the buffers chorus reads and writes (staging copies where the
 // caller's tensors are not contiguous or not one flat buffer), and queues it (group.hpp).

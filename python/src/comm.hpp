@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // Comm: the communicator under a ProcessGroupChorus, chorus::Communicator<chorus::DefaultTransport>
 // (shm between processes of one host, tcp across hosts).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // ProcessGroupChorus::Impl and the group's lifetime: see group.hpp.
 
 #include "group.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // ProcessGroupChorus::Impl: the communicator of a group and the queue that hands its operations
 // to chorus in call order.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The launches of the collectives: see launch.hpp.
 
 #include "launch.hpp"

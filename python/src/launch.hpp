@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // How a queued Work hands its operation to chorus: the one launch closure of the collectives.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The Python module chorus_torch._C: creates ProcessGroupChorus objects for torch.distributed.
 // chorus_torch/__init__.py registers `create` as the creator of the backend "chorus".
 #include <chrono>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // ProcessGroupChorus's send and recv: posted to chorus at once, not queued (group.hpp says why).
 
 #include <cstddef>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// ProcessGroupChorus: a c10d::ProcessGroup (torch 1.13) whose operations run on a chorus
 /// communicator (Communicator<DefaultTransport>: shm between processes of one host, tcp across

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// C10dStore: chorus's Store interface (bootstrap/store.hpp) over the c10d::Store that
 /// torch.distributed hands a backend (already prefixed per process group by torch), so that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // ChorusWork: see work.hpp.
 
 #include "work.hpp"

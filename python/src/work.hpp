@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // ChorusWork: the c10d::Work of one operation of a ProcessGroupChorus.
 //

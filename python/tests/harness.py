@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Ranks as processes for the chorus_torch tests.
 
     results = harness.run(tmp_path, world=2, target="op_checks:run_all")

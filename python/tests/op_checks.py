@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What the ranks of test_ops.py run: every c10d operation on the chorus backend, against a
 reference computed here in Python from every rank's inputs (each rank can make any rank's inputs),
 and against the gloo backend (a gloo group over the same ranks) wherever gloo supports the call.

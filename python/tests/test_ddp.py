@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """DistributedDataParallel on the chorus backend: after every step the parameters are identical on
 every rank and equal, within float tolerance, to the same training run through gloo (a gloo group
 over the same ranks, same model, same data, in the same processes). Also the classic synchronous

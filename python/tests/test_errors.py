@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Failures surface as exceptions naming the rank and the operation, and nothing hangs:
 a timeout (the timeout given to new_group / init_process_group bounds the wait), ranks calling
 different collectives (mismatch), and a rank killed in the middle of an all_reduce."""

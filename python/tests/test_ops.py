@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Every c10d operation on the chorus backend at world sizes 2, 3 and 4, against a Python
 reference and against gloo (op_checks.py). One group of processes per world size runs all the
 checks; each category is reported as its own test."""

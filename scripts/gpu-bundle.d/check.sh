@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The CI check of a GPU bundle (scripts/run-tests' bundle stage), on a machine without a GPU:
 #   1. the bundle, copied to another folder, resolves every library of every binary from itself,
 #      glibc or libcuda (ldd; libcuda may be "not found" where no driver is installed; any other

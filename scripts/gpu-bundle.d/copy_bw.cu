@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // copy_bw: the device's own copy bandwidth, the limit the *_perf busbw figures of the GPU bundle
 // (scripts/gpu-bundle) are compared with. Plain CUDA, no chorus: built by scripts/gpu-bundle with
 // nvcc, cudart linked statically.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The chorus GPU check, from the folder scripts/gpu-bundle builds (docs/gpu-bundle.md). Needs only
 # an x86-64 Linux with a CUDA driver (libcuda), bash, coreutils' timeout and python3 (stdlib).
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """The summary of a GPU bundle run (run.sh): reads OUTDIR/steps/ (steps.tsv, each step's log, the
 *_perf JSON, copy_bw.json) and writes OUTDIR/summary.txt and OUTDIR/summary.json; the exit status
 is run.sh's: 0 PASS, 1 FAIL, 3 NO GPU. Python 3 standard library only.

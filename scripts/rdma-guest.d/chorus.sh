@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Run by busybox sh in the Soft-RoCE guest (scripts/rdma-guest --run), with rxe0 on lo. run-tests'
 # rdma stage writes the release build's path in place of @BUILD@ (the binaries sit at the same paths
 # in the guest). Everything runs serially: rxe drops completions under heavy concurrency.

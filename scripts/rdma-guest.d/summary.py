@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Reads the log of a Soft-RoCE guest run (scripts/rdma-guest with scripts/rdma-guest.d/chorus.sh)
 and prints chorus over rdma beside perftest on the same device in the same boot: sendrecv_perf's
 bandwidth at 1 MiB and 16 MiB against ib_write_bw (one way, and both ways at once with -b, per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // verbs_floor: what the RDMA device itself costs for 8-byte messages, with nothing but libibverbs
 // between two processes: no library, busy polling, one RC QP. It runs in the Soft-RoCE guest
 // beside chorus and perftest (scripts/rdma-guest.d/chorus.sh), so that chorus's 8-byte figures can

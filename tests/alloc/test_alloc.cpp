@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Steady-state blocking collectives allocate nothing: this executable replaces the global
 // operator new with one that counts, and each rank (a process of its own) checks that a run of
 // blocking all_reduces of 8 B and of 1 MiB, over shm and over tcp, made no heap allocation in the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Each forced algorithm of broadcast and reduce (the matrix runs the selector's choices), over
 // inproc ranks, with tiny slices so that pipelining is exercised on small buffers; and a forced
 // algorithm that a collective lacks, refused by name.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // all_to_all_v (all_to_all_v.hpp): all-to-all with a count per rank, ranks as threads over inproc
 // and tcp, world sizes 1-4, counts including 0 and primes (up to 1031), three element sizes;
 // every element encodes (sender, receiver, index), so a block in the wrong place or order shows.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Bitwise reductions (band, bor, bxor) through all_reduce, reduce and reduce_scatter, with ranks as
 // threads over inproc: world sizes 1-4, every integer dtype, each all_reduce algorithm (reduce
 // with those it has too), counts including 0 and primes; each element checked against the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The collective matrix over inproc (ranks as threads): every collective x algorithm (all_reduce:
 // ring, tree, recursive_doubling; broadcast: binomial, chain; reduce: binomial, ring; and the
 // model's choice for each) x the ten element types x every op that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Ranks that call different collectives, or the same one with different counts, dtypes, ops or
 // roots, must all get chorus::Error with code mismatch, promptly (within 1 s; the timeout is 30 s,
 // so an error that only comes from the timeout does not pass), with a message that names both

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The one-shot all_reduce through the shm links' mailboxes (algo/intranode/one_shot.hpp), with ranks as
 // processes: every dtype and op (the bitwise ones on the integer types) at worlds 2, 3 and 4,
 // counts 0, 1, 2, 3, 7, 13, 1000 and the largest a mailbox holds, in place and out of place,

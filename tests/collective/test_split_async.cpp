@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Sub-communicators (split) and collectives in flight at once (*_async), over inproc and tcp with
 // ranks as threads:
 //   - the two halves of a split (color = rank % 2) run different collectives at the same time;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Collectives over tcp with ranks as processes: a representative slice of the matrix (which runs
 // over inproc, test_matrix.cpp). A smaller slice runs over shm and over the auto transport.
 // World sizes 2, 3, 4; every collective; float32, int32 and bfloat16; sum and max (all_reduce:

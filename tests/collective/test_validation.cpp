@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The type-erased API rejects what its types cannot: a DataType or ReduceOp outside its
 // enumeration, an op that does not apply to the dtype, a count whose buffers overflow, a null
 // buffer that must hold elements. Each is invalid_argument naming the rank and the collective,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # cmake -D MODE=<find_package|add_subdirectory|fetchcontent> -D CHORUS_SOURCE_DIR=... \
 #       -D CHORUS_BINARY_DIR=... -D CONSUMER_SOURCE_DIR=... -D WORK_DIR=... \
 #       [-D GENERATOR=...] [-D CXX_COMPILER=...] [-D CONFIG=...] -P consumer_check.cmake

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The main of every GPU test executable (see gpu_test.hpp): skips (exit 77) without a GPU unless
 // REQUIRE_GPU=1. Compiled by the host compiler once, with doctest's implementation.
 #define DOCTEST_CONFIG_IMPLEMENT

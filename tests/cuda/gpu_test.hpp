@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Shared support of the GPU tests (tests/cuda/): a test main that skips without a GPU, and small
 /// helpers for device memory in tests.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The GPU suite's collective matrix: support/device_matrix.hpp on real device buffers through the
 // CUDA runtime (device/cuda_runtime.hpp, built by nvcc in tests/cuda/support/cuda_runtime.cu; this
 // file is host code), ranks as processes over shm and tcp at worlds 2 and 3 sharing the GPUs

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // chorus/cuda.hpp, as a program includes it from one .cu file: the CUDA runtime becomes the
 // process's default device runtime, and it tells device memory from host memory.
 #include "chorus/cuda.hpp"

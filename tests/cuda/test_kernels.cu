@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "chorus/reduce/cuda/reduce.cuh"
 
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The cuda_ipc transport on the simulated CUDA runtime (testing/sim_runtime.hpp), ranks as real
 // processes: IPC handles are memfds the processes map into each other's simulated device memory,
 // so the whole direct path runs here: the windows' set-up (handles through the shm mailboxes,

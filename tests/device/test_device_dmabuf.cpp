@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The simulated runtime's dma-buf export (device::SimRuntime::export_dmabuf, for the rdma
 // transport's device-memory registration): the fd the caller gets names the allocation's pages, at
 // the offset it says, and stays valid on its own; ranges outside live device memory are refused.

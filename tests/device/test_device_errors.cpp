@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The device path's contract beyond the results (simulated CUDA runtime, ranks as processes over
 // shm): calls on a stream return before the collective has run and the stream orders the user's
 // work around it; buffers of two memory kinds in one call, host buffers on a stream and a stream

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // device::SimRuntime's IPC handles across real processes (ranks over shm): every rank exports a
 // device allocation, the handles go round by all_gather, and each rank maps every other rank's
 // memory, reads it and reduces into it with a kernel of its own; the owners see the results. A

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The device data path in real processes, over shm and tcp, on the simulated CUDA runtime
 // (testing/sim_runtime.hpp): "device" buffers from its arena, the calls on a stream, staging
 // through pinned memory in slices, reductions through the kernel bodies under the grid emulator.

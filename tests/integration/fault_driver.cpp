@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // One rank of the multi-host fault tests (tests/integration/run_fault.sh starts four of them in
 // two network namespaces). It joins a communicator over chorus::DefaultTransport (shm inside a
 // host, tcp across), runs a loop of collectives whose results it checks, and prints one line that

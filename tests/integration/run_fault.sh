@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Multi-host fault test: two "hosts" (A: ranks 0-1 and the store, B: ranks 2-3), each a network,
 # UTS and mount namespace of its own (own address, host name and /dev/shm), joined by a veth pair.
 # One communicator over chorus's default transport: shm inside a host, tcp across (checked: each

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-3-Clause
 # Runs a chorus program as ranks of a real mpirun job on this host, with no MASTER_ADDR nor
 # MASTER_PORT: the ranks must meet through the job's file store (docs/environment.md).
 #

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The fake RDMA fabric of one test case (testing/fake_verbs.hpp): a file in a directory of its
 /// own, named to the ranks through CHORUS_IB_FAKE. The parent makes it and removes it; the

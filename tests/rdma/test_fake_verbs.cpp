@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The fake verbs provider itself (testing/fake_verbs.hpp): two QPs of one process connected to
 // each other (the fake copies within a process as across processes), checked the way a NIC would
 // check them: keys, bounds, access, receive lengths, missing receives, flushes, the completion

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The rdma transport (transport/rdma) over the in-repo fake provider (testing/fake_verbs.hpp),
 // ranks as real processes sharing one fake fabric: every protocol (eager inline and from a slot,
 // rts/cts with RDMA writes in chunks, credits), the size checks, the choice of transport=auto, and

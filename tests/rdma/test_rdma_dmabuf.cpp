@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Device memory over the rdma transport with dma-buf registration (transport/rdma/link.hpp), on
 // the fake verbs (testing/fake_verbs.hpp) and the simulated device runtime
 // (testing/sim_runtime.hpp), ranks as real processes: device collectives whose messages are past

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Faults injected into the fake verbs provider (CHORUS_IB_FAKE_FAULT, testing/fake_verbs.hpp) of
 // one rank: each ends in a clear error on every rank (peer_failure, or system where the faulty
 // rank's own call failed), never a hang and never the timeout; the faulty rank's error names the

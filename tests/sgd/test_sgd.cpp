@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The data-parallel SGD helpers (include/chorus/sgd/):
 //   - DistributedSampler: torch's sizes and padding, disjoint shards that cover the dataset, the
 //     same permutation on every rank, a new one per epoch, a pinned order (platform-independent);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The one instantiation of each communicator the tests use (see communicators.hpp).
 #include "support/communicators.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The communicators the tests use, instantiated once in support/communicators.cpp (part of the
 /// chorus_test_main library) instead of in every test file: a test file that includes this header

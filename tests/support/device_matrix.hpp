@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The device-buffer collective matrix, shared by the simulated-runtime tests (tests/device) and the
 /// GPU suite (tests/cuda): every collective x the ten dtypes x every op that applies x counts

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Rank-unique inputs whose collective results are known exactly, and the one checker every
 /// collective test uses (after nccl-tests' verifiable/).

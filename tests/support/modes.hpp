@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// How the ranks of a transport test run: the transport, and threads or processes. Test cases are
 /// templated on these (TEST_CASE_TEMPLATE), so each runs in every mode.

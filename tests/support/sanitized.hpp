@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// kSanitized: true in the AddressSanitizer and ThreadSanitizer builds, which run 3-10x slower.
 /// Tests shrink their data volume there (sizes, counts, repetitions), never their code paths: the

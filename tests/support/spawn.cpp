@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // run_threads and run_processes (see spawn.hpp): compiled once, in chorus_test_main, instead of in
 // every test file that starts ranks.
 #include "support/spawn.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Ranks as threads or as processes, for tests (after gloo/test/base_test.h's spawn).
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A communicator's life and its failure paths: destruction and abort never wait for peers,
 // finalize() waits for pending work, a queued call's timeout counts from its start, calls from
 // several threads at once, and the flight recorder (dumps and the late ranks a timeout names).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Point-to-point through the public API (Communicator::send/recv/isend/irecv, barrier, abort), over
 // inproc (ranks as threads), tcp with ranks as threads, tcp and shm with ranks as processes, for world
 // sizes 2, 3, 4 and 8. Data is checked byte by byte against a pattern that depends on sender,

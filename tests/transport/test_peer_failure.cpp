@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Over tcp and shm (the shm transport's own kill tests are in test_shm.cpp).
 // A peer that dies (SIGKILL) or leaves (destroys its communicator) fails the survivors' pending
 // operations with it with peer_failure, promptly: the communicators here have a 60 s timeout, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The shm transport's own promises, and the auto transport's choice per peer:
 // * both large-message paths (cross-memory attach, and streaming through the ring when
 //   CHORUS_SHM_CMA=0) move data intact, with eager messages and mismatched sizes around them;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The tcp transport's listening port meets strangers: garbage bytes, a handshake from another job
 // (wrong nonce), a wrong job token. Each is refused, and the job's own ranks still connect.
 #include "chorus/transport/tcp/transport.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // CallQueue: calls run one at a time, in the order they were submitted, exactly once, whether
 // the worker runs them or a thread waiting for one runs it itself; errors reach the waiter.
 #include "chorus/impl/call_queue.hpp"

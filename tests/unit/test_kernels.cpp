@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "chorus/testing/grid_emulator.hpp"
 
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Launcher detection: torchrun, Open MPI, MPICH/Hydra, Slurm; the job id, Slurm's hostlist, and
 // where env:// meets without MASTER_ADDR (a job's file store on one host, Slurm's first node).
 // The variables are the ones real launchers set (seen with `mpirun.openmpi -np 2 env` from Open

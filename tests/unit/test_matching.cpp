@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // TagMatcher (transport/matching.hpp): what a link that breaks keeps of its early messages.
 #include <doctest/doctest.h>
 

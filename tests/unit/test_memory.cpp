@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Buffers that grow give memory back: the algorithms' Scratch after a burst of large calls, the
 // flight recorder keeps a fixed number of calls.
 #include "chorus/exec/host.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // rendezvous(): rank and size resolution, stores from init_method, nonce agreement, generations.
 #include "chorus/bootstrap/rendezvous.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // device::SimRuntime's IPC handles (ipc_export / ipc_open / ipc_close) within one process: two
 // runtimes stand for two processes (each opens only the other's handles). Both sides see each
 // other's writes, copies and kernels work on opened memory, export is stable and keeps the

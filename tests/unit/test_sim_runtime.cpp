@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // device::SimRuntime: the host implementation of the device runtime seam. Stream order, stream
 // independence, events, cross-stream waits, flags, memory kinds, the compute-sanitizer-like checks,
 // sticky errors and fault injection; reduce_many, and the executors' reduce_many on top of it.

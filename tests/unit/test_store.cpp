@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // TcpStore, FileStore and the connection handshake.
 #include "chorus/bootstrap/tcp_store.hpp"
 

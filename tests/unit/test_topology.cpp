@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Rank arithmetic of chorus/topology: ring order and chunks, binomial, binary and double binary
 // trees, recursive doubling / halving with the fold, dissemination. Every schedule is checked by
 // simulating it symbolically: a value is the set of ranks whose input it contains (a bit mask,

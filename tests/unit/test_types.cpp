@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "chorus/core/types.hpp"
 
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Inputs with exactly known results, and the checker (after nccl-tests' verifiable/).
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// What a *_perf program tells the shared driver about its collective (nccl-tests' `struct
 /// testColl`): one small struct of static members per collective, checked by the concept below,

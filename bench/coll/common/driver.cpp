@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 /// The driver every *_perf program shares (nccl-tests' src/common.cu), compiled once into the
 /// chorus_perf_driver library.
 ///

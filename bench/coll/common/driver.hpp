@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The one entry point of the shared driver (driver.cpp, nccl-tests' src/common.cu): a *_perf
 /// program is a descriptor (descriptor.hpp) and its entry point (programs.hpp),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // --device cuda in a build without CUDA (no nvcc found, or CHORUS_WITH_CUDA=OFF).
 #include <memory>
 

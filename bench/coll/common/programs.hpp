@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The entry points of the *_perf programs, one per bench/coll/<name>_perf.cpp, where each is
 /// defined beside its descriptor. Those files are compiled together, in one translation unit of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The output of a *_perf program, in nccl-tests' layout (2.19, the same as 2.18's: src/util.cu), so that scripts
 /// written for nccl-tests read it: the "#" header, one "#  Rank" line per rank, the two-level

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # ctest driver for the bench.<name>_perf tests (bench/CMakeLists.txt): runs PROGRAM with ARGS (one
 # string, split like a shell command line) and fails unless it exits 0 and prints EXPECT (by
 # default "# Out of bounds values : 0 OK").

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The command line of every *_perf program: nccl-tests' flags with their defaults (nccl-tests
 /// 2.18, src/common.cu), plus chorus's own (--transport, --algo, --chunk_bytes, --nranks,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// What the comparison harnesses (mpi_all_reduce_perf.cpp, gloo_all_reduce_perf.cpp) share: the
 /// subset of nccl-tests' command line they take, inputs whose result is known exactly, the timing

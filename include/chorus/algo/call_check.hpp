@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The mismatch protocol of one collective call, on the messages the algorithm sends anyway:
 /// stamps, separate descriptors, their comparison, and the explanation of a failed message. The

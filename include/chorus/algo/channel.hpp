@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Channel: what an algorithm talks through during one collective call. It knows the group (its
 /// ranks in the transport's numbering), the call's tag, its executor, and nothing of the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// What every algorithm receives: the call's buffers and parameters, and the executor that owns
 /// their memory kind (exec/executor.hpp): it copies, reduces and keeps the scratch memory

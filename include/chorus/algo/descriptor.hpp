@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The descriptor every collective carries in its first message to each peer, so that ranks that
 /// called different collectives (or the same with other sizes, dtypes, roots or ops) learn it at

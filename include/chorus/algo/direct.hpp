@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Direct and pairwise algorithms: gather and scatter straight between the root and every rank
 /// (P-1 messages at the root, all in flight at once: over links with their own connection per

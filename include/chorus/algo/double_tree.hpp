@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Pipelined tree all-reduce over NCCL's double binary tree (topology/tree.hpp): the buffer is cut
 /// in two halves, each reduced up one binary tree and broadcast back down it, slice by slice, so

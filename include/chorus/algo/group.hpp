@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// What an algorithm's channel knows of its group: the members (their ranks in the transport's
 /// numbering), this rank, the context of its tags (the layout: core/tag.hpp); and a message in flight.

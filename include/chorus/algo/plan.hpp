@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The plan of one call: which algorithm runs it and in what slices, every choice in one place.
 ///

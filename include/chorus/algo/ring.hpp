@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Ring algorithms (Patarasuk & Yuan): reduce-scatter, all-gather, and all-reduce as the two in
 /// sequence. The buffer is cut into P chunks (topology/ring.hpp); each step moves one chunk to the

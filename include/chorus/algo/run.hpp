@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Runs a planned call's algorithm over its channel: the one switch from (collective, algorithm)
 /// to the algorithm's function (algo/ring.hpp, tree.hpp, double_tree.hpp, direct.hpp). A group of

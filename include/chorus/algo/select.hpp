@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The cost model that picks an algorithm and a slice size per call. Each algorithm costs
 /// (messages on the critical path) x alpha + (bytes on the critical path) x beta, with alpha and

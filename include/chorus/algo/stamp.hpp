@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The collective descriptor as it travels: a stamp (magic + CollectiveDesc) in front of a
 /// first message, or on its own as a separate descriptor message (see call_check.hpp).

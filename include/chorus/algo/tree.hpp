@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Tree algorithms: binomial broadcast and reduce (latency ceil(log2 P) steps), and recursive
 /// doubling all-reduce for small messages (log2 P steps, the whole buffer each step), folded for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The checks of a call's arguments, made before anything is sent: every rank that gets the same
 /// bad call fails alike, with invalid_argument naming the rank and the operation, and the

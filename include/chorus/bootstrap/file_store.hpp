@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// FileStore: a Store kept in one shared file (local disk for one host, NFS or another shared
 /// file system for many), like torch.distributed's FileStore. init_method "file:///path".

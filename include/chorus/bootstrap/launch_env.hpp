@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Which launcher started this process, and what it says about rank and world size, so that
 /// torchrun, mpirun (Open MPI, MPICH/Hydra) and srun launch chorus programs without MPI.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Local launcher: start N ranks of this very program on this host, the way
 /// `torchrun --standalone --nproc-per-node N` does, without any launcher installed.

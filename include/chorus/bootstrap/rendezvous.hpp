@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Rendezvous: from Options (and the environment) to a Bootstrap: this rank, the world size, a
 /// store every rank shares, and the job's random nonce that rank 0 publishes through the store.

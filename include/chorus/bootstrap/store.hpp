@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Store: the key-value service ranks use to find each other (like torch.distributed's Store).
 /// Implementations: TcpStore (hosted by rank 0), FileStore (a shared file), MemoryStore (tests,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// TcpStore: a Store served over TCP by one process (rank 0), like torch.distributed's TCPStore.
 ///

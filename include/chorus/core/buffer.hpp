@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Byte ranges as links see them, with the kind of memory they live in. Host memory is all the
 /// tcp, shm and cuda_ipc links take; rdma links also take device memory (dma-buf, above the eager

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The contracts between layers, as concepts, with their requirements in one place.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The cost of moving bytes over one kind of link, as the algorithm selection reads it
 /// (algo/select.hpp): every transport states its own as `static constexpr TransportModel kModel`.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// chorus::Error: the one exception type. Every message names the rank, the peer (where there is
 /// one) and the operation, so a log line from any rank says who failed talking to whom, doing what.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Request: the handle of an operation in flight (isend, irecv, *_async collectives).
 /// wait() blocks until it completes, bounded by the communicator's timeout; test() polls.

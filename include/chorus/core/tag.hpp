@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The 64-bit tag of a message on a link, its whole layout in one place:
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Element vocabulary: DataType, ReduceOp, the 2-byte float types float16 and bfloat16, and the
 /// traits that map between C++ element types and DataType values.

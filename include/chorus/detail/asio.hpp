@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The one header that includes Boost.Asio: the parts chorus uses, not the <boost/asio.hpp>
 /// umbrella, which costs every translation unit some 700 more headers to parse. <utility> must

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The little cryptography chorus needs, all from OpenSSL's libcrypto (link with -lcrypto):
 /// random bytes for nonces and challenges, HMAC-SHA256 for the handshake's challenge-response,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Environment parsing. A variable that is set but does not parse is an invalid_argument error
 /// naming the variable and the value; it is never silently ignored.

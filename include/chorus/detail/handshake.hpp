@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The handshake that opens every chorus connection (store connections and transport links),
 /// as Asio C++20 coroutines: handshake_connect (client) and handshake_accept (server). It sits in

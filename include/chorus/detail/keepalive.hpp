@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Keepalive and user timeout for every TCP socket chorus opens (links, and the store's client
 /// and server ends), so that a peer or store host that vanishes without closing its connections

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Logging to stderr, controlled by CHORUS_DEBUG=WARN|INFO|TRACE (default: WARN).
 /// Each line: "[chorus host:pid rank R] LEVEL message".

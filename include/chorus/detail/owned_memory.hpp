@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Memory that chorus allocates and frees itself (the host executor's scratch), and user memory
 /// the caller registered (chorus::RegisteredMemory, registered_memory.hpp): a transport that

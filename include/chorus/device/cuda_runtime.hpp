@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// device::CudaRuntime: device::Runtime (device/runtime.hpp) on the CUDA runtime API, with the
 /// reduction kernels of reduce/cuda. Compiled only by nvcc (__CUDACC__): a translation unit that

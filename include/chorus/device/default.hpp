@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The process's default device runtime, which every communicator created afterwards uses to tell
 /// device memory from host memory: none unless one is set. Including chorus/cuda.hpp from a

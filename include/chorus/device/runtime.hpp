@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The seam between chorus and a GPU runtime: every CUDA runtime call the device data path makes
 /// goes through one `device::Runtime`. Two implementations exist:

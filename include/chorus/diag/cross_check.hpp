@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The stall cross-check: while a wait stalls, each rank publishes its recent collective
 /// descriptors in the store and compares the current call with what the others published for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Where flight-recorder dumps go, and the SIGUSR1 trigger.
 ///

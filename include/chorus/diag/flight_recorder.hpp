@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// FlightRecorder: a communicator's last N collectives (sequence number, collective, count, dtype,
 /// op, root, algorithm, state, times), kept at almost no cost so that a hang or a failure can be

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Hang diagnosis of one communicator: what a rank whose call stalls or times out publishes and
 /// reads through the store, so that a hang is explained instead of silent.

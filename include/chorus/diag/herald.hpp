@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// How a mismatch found by one rank reaches every rank of the group: a fixed-size notice on the
 /// group's error tag, which every rank keeps a receive posted for (Watch), told on by each rank

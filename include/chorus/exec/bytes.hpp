@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The host byte copies of the layers above the executors, in one place: packing a message's
 /// header in front of its payload (a stamped first message), a handshake struct into and out of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// DeviceExecutor: the executor of device memory, through the device::Runtime seam (the CUDA
 /// runtime, or the simulated one in tests). Every operation is issued on one stream of its own:

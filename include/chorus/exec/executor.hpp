@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The memory/execution layer under the algorithms: an executor per memory kind does everything
 /// an algorithm would otherwise do to bytes itself (copy, reduce, avg's division, scratch memory)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// HostExecutor: the executor of host memory. Copies are memmove, reductions the vectorised loops
 /// of reduce/host.hpp, scratch two growable host buffers that shrink after a burst of large calls.

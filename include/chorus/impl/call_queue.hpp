@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Runs a communicator's collectives one after another, in the order they were called: on one
 /// worker (asio::thread_pool with one thread) for *_async calls, and on the caller's own thread

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // Bodies of Communicator<Transport>; included at the bottom of communicator.hpp. A collective
 // goes down one stack: start() (memory kind, device executor) -> collective(): validate

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // Communicator<T>::split (MPI_Comm_split): included at the bottom of impl/communicator.hpp.
 

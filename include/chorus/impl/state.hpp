@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // Communicator<T>::State: what one communicator owns (its group, transport, executors, call
 // queue, recorder, windows, the mismatch watch and the hang diagnosis), and the failure path of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Host reduction loops: elementwise `out[i] = op(a[i], b[i])` over host memory, typed and
 /// type-erased, and avg's final division.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Reduction functors: one body per operator, callable on the host and (under nvcc) on the device.
 /// The host loops (reduce/host.hpp) and the CUDA kernels (reduce/cuda/reduce.cuh) both call these,

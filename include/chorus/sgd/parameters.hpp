@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Data-parallel SGD, the simple helpers: every replica starts from the root's weights, and
 /// gradients are averaged over the replicas after each backward pass.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// DistributedSampler: which samples of a dataset this rank trains on in an epoch, with the
 /// semantics of torch.utils.data.distributed.DistributedSampler.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Data-parallel SGD helpers (see docs/sgd.md):
 ///   - broadcast_parameters, average_gradients (parameters.hpp): the simple forms;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// GradientSynchronizer: averages gradients over the ranks in buckets whose all-reduces start
 /// while the backward pass is still running (the scheme of PyTorch DDP's Reducer).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The fake verbs provider, for tests and benchmarks: include this header in one translation unit
 /// of a program, and CHORUS_IB_FAKE=<fabric file> makes the program's rdma transport open the fake

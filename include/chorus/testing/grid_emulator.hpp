@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Runs the reduction kernels of reduce/cuda on the host: the kernel bodies of
 /// reduce/cuda/kernels.hpp, called once for every thread of every block of the grid the CUDA

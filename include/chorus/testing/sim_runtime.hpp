@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// device::SimRuntime: device::Runtime (device/runtime.hpp) on the host, for machines without a
 /// GPU. The device data path (staging, chunk pipelining, stream order, error surfacing) runs on it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Ring order and the chunk arithmetic of ring reduce-scatter and all-gather.
 ///

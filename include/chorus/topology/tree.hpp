@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Trees and exchange patterns over ranks: binomial tree, binary and double binary tree, recursive
 /// doubling / halving with the fold for non-powers of two, and the dissemination barrier.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Tag matching shared by the transports: receives posted before their message arrives wait in
 /// `posted`; messages that arrive before their receive wait in `unexpected`. Both are FIFO per tag,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// What every rank publishes about itself before a transport is chosen for each pair of ranks
 /// (transport/registry.hpp): a candidate's can_connect(me, peer) reads it.

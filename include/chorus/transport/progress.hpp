@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The progress model every transport engine shares (the contract is in core/concepts.hpp).
 ///

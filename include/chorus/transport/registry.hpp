@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The transports hybrid::Transport (kName "auto") chooses from, in order of preference: for each
 /// pair of ranks the first candidate whose can_connect(me, peer) holds serves the pair, at both

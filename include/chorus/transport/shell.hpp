@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The shell that the transports share around their links: the request a link operation returns,
 /// the checks of link(peer), the completions a link gathers under its lock and runs after it, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Uses chorus as a user would: the umbrella header and one public type.
 #include <chorus/chorus.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The CUDA runtime for the host-code tests of tests/cuda (test_collectives.cpp): the one place
 // that includes device/cuda_runtime.hpp, compiled by nvcc.
 #include <memory>

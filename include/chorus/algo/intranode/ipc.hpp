@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Collectives on device buffers through the peers' IPC windows (algo/intranode/window.hpp),
 /// for a communicator whose every peer is reached over cuda_ipc: the idea of NCCL's intranode

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// One-shot all_reduce of small messages between processes of one host, through the mailboxes of
 /// the shm links (transport/shm/detail/segment.hpp): every rank writes its input and its call's

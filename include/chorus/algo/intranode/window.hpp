@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The IPC windows of one communicator: each rank's device buffer of two slots and a step flag,
 /// exported once, and every peer's opened once (opening a handle is expensive: it is cached for

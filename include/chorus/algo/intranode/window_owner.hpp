@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The life of a communicator's IPC windows (window.hpp): made at its first direct collective,
 /// closed (the peers' windows unmapped) by a failed one or an abort, released at destruction after

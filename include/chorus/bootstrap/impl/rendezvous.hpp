@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Body of chorus::rendezvous() (declared in bootstrap/rendezvous.hpp).
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The TcpStore client: one connection to the server, opened with the chorus handshake (kind
 /// store) and retried with backoff until the store's timeout, since the server may start after

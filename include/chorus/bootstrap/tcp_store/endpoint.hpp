@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Host text to TCP endpoints and back, for the TcpStore's server (where it listens) and client
 /// (where it connects, and what its messages name).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The TcpStore server: listens on exactly the address it is given, on its own thread with one
 /// io_context and one coroutine per connection. Each connection opens with the chorus handshake

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The TcpStore's frames: encoding what the client sends and the server answers, and decoding,
 /// with every field checked, what either side reads from the network. No sockets here:

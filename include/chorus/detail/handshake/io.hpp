@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Coroutines on a TCP socket, with a bound: read_exact and write_all (a short read or an error is
 /// peer_failure naming what was being done), endpoint_text for messages, SocketWatchdog (a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The handshake's frames (HELLO, REPLY, PROOF, FINAL; their layout is at the top of
 /// detail/handshake.hpp): the types both sides share, encoding, the checks each side applies to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The bodies of the reduction kernels, as plain host+device code: what one CUDA thread does,
 /// given its grid coordinates. reduce.cuh wraps them in `__global__` functions and launches them;

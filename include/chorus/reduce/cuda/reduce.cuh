@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// CUDA reductions over device memory: out[i] = op(a[i], b[i]), its n-input form reduce_many
 /// (one launch for what n-1 chained reductions compute, same bits) and avg's final division, with the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The fake verbs provider (rdma::Verbs, transport/rdma/detail/verbs.hpp) for tests: an RC-capable "NIC" shared by real
 /// processes of one host through a fabric file (CHORUS_IB_FAKE=<path>), so the rdma transport runs

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The fake verbs provider's device (testing/fake_verbs.hpp): FakeVerbs, the rdma::Verbs that one
 /// process opens on a fake fabric (fabric.hpp has the shared tables, what is modelled and the

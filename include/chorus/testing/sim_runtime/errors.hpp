@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The CUDA errors of device::SimRuntime (testing/sim_runtime.hpp): the numbers it produces, their
 /// names, and the text CudaRuntime gives for the same failure, so that a test on the simulation

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// device::SimRuntime (testing/sim_runtime.hpp): fault injection. fail_after and stall_after, and
 /// CHORUS_SIM_FAIL (docs/environment.md), which the constructor reads.

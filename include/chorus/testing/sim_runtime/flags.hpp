@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// device::SimRuntime (testing/sim_runtime.hpp): the stream operations on flag words. wait_flag
 /// polls a word of pinned memory that the host sets; write_value and wait_value store and poll a

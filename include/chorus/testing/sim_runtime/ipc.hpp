@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// device::SimRuntime (testing/sim_runtime.hpp): memory shared between processes. Peer access, IPC
 /// handles (an allocation's pages moved into a memfd, which another process opens through

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// device::SimRuntime (testing/sim_runtime.hpp): its memory. Construction (the arena reserved) and
 /// destruction, the one device, device memory from the arena (next fit, a guard page after each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// device::SimRuntime (testing/sim_runtime.hpp): streams and events. A stream is a queue run by
 /// one worker thread; an event is a position in a stream's queue. The worker loop (run) is here;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// device::SimRuntime (testing/sim_runtime.hpp): the work enqueued on a stream. Copies, fills and
 /// the reduction kernels (run by the kernel bodies of reduce/cuda under the grid emulator): checked

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// cuda_ipc::Transport: ranks of one host whose device memory can be mapped by each other
 /// (the same device, or devices with peer access: cudaDeviceCanAccessPeer).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// hybrid::Transport (kName "auto"): picks a transport per peer, at construction, from the
 /// candidates of transport/registry.hpp and Options::transport (CHORUS_TRANSPORT):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// inproc::Link: a peer that is another thread of this process. Messages of up to kEagerBytes are
 /// copied at send time (the send completes at once) while at most kMaxUnexpectedBytes of such

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// inproc::Transport: ranks are threads of one process (tests, examples). Ranks find each other
 /// through the job nonce: the first to arrive creates the World (one mailbox per ordered pair of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// rdma::Link: one reliable-connected queue pair to one peer, over the verbs seam
 /// (detail/verbs.hpp).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// rdma::Transport: links over RDMA (verbs, through the seam of detail/verbs.hpp), one
 /// reliable-connected queue pair per peer (link.hpp has the protocol).

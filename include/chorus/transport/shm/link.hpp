@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// shm::Link: two processes of one host, through a shared-memory segment (one ring per direction,
 /// detail/segment.hpp) and a unix socket (doorbell and death notice, detail/socket.hpp).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// shm::Transport: links between processes of one host through shared memory, driven by the
 /// thread that waits (a background thread stands in for work nobody waits on; transport/progress.hpp).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// tcp::Link: one full-duplex TCP connection to a peer, driven by the thread that waits (or the
 /// background thread, for work nobody waits on; transport/progress.hpp).

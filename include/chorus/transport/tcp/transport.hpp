@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// tcp::Transport: a TCP connection to every peer, over Boost.Asio, driven by the thread that waits
 /// (a background thread stands in for work nobody waits on; transport/progress.hpp).

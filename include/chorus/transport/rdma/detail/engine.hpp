@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// rdma's engine: the provider, the memory registered once (Slab), the completion queue, the links
 /// and the progress thread (transport/progress.hpp has the model; rdma/transport.hpp starts and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The libibverbs provider of rdma::Verbs (verbs.hpp): a thin translation of the seam's calls to
 /// verbs, on one device port. Built when CHORUS_WITH_RDMA is defined (the program links

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// rdma::Link's way in (link.hpp has the protocol): irecv, the completions of the link's work
 /// requests, the slot messages (eager, rts, cts) and the last write of a large message, matching a

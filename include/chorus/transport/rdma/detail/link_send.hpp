@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// rdma::Link's way out (link.hpp has the protocol): isend, the queue of work that waits for
 /// credits or send-queue room, the posting of messages (inline or from a send slot) and of a large

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Which verbs provider the rdma transport of this process opens (verbs.hpp), and what it tells
 /// the other ranks about it (the fact that hybrid::Transport exchanges, transport/peer_info.hpp):

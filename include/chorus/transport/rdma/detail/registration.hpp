@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The registrations of the buffers large messages are written from and into (link.hpp).
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The one seam between the rdma transport and the verbs: every verbs call the transport makes goes
 /// through rdma::Verbs, an interface over the small subset of libibverbs it uses (one opened

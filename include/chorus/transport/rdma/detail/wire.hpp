@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// What the two ends of an rdma link agree on (link.hpp has the protocol): the sizes of
 /// Policy, the header of every slot message, the credit block each side writes into the other's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// shm's engine: the links of one transport, the poll lists and the progress thread
 /// (transport/progress.hpp has the model; shm/transport.hpp starts and stops it). How it waits:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// shm::Link's way in (link.hpp has the protocol): irecv, draining the incoming ring record by
 /// record (eager, rts, cts, data, fin), matching a receive to what arrived, and answering a large

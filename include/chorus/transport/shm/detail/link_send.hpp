@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// shm::Link's way out (link.hpp has the protocol): isend, and the records that wait for room in
 /// the ring towards the peer (a large message streamed in data records among them). Every member

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The shared-memory segment of one shm link and the two rings in it (one per direction).
 ///

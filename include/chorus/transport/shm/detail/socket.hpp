@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The unix socket of an shm link: how the segment's file descriptor travels (SCM_RIGHTS), the
 /// doorbell, and how a dead peer is noticed (the kernel closes a killed process's sockets, so

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// tcp's engine: the io_context that every link's socket lives on, the links, and the progress
 /// thread (transport/progress.hpp has the model; tcp/transport.hpp starts and stops it).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Memory for the handlers of one link's asynchronous operations. Asio allocates an operation
 /// object for every read, write and post, through the completion handler's associated allocator;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// tcp::Link's way in (link.hpp has the protocol): a receive meeting what arrived, and the reader
 /// of the frames (a header, then the payload it announces, through the read buffer). Every member

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// tcp::Link's way out (link.hpp has the protocol): a send becoming frames, and the writer (one
 /// async_write at a time, frames in queue order, what the socket takes at once written without

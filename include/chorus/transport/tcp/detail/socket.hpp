@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Socket-level details of the tcp transport: which address to listen on, and socket options.
 
