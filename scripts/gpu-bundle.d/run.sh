@@ -5,7 +5,7 @@
 #
 #   run.sh OUTDIR          on the GPU (device 0): the GPU suite with REQUIRE_GPU=1, the *_perf
 #                          programs at 2 ranks over shm (staged) and cuda_ipc (direct), the copy
-#                          bandwidth; about 2 to 5 minutes on one H100, bounded by CHORUS_BUNDLE_BUDGET_S
+#                          bandwidth; never longer than CHORUS_BUNDLE_BUDGET_S (not yet run on a GPU)
 #   run.sh --sim OUTDIR    the same steps on the simulated CUDA runtime (no GPU needed; small sizes),
 #                          so that the steps and the summary's format are checked anywhere
 #
