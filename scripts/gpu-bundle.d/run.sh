@@ -26,7 +26,7 @@ out=
 for a in "$@"; do
   case $a in
     --sim) sim=1 ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '3,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run.sh: unknown option $a (see --help)" >&2; exit 2 ;;
     *) [[ -z $out ]] || { echo "run.sh: one OUTDIR only" >&2; exit 2; }; out=$a ;;
   esac
