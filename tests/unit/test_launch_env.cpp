@@ -377,4 +377,22 @@ TEST_CASE("a job's file store: its name is gone once every rank has opened it") 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("rank_label: the rank once known; before that, the launcher's variable or 'before rank assignment'") {
+  using chorus::rank_label;
+  CHECK(rank_label(5, env({})) == "rank 5");
+  CHECK(rank_label(5, env({{"RANK", "2"}})) == "rank 5");  // a known rank wins over the variables
+  CHECK(rank_label(-1, env({})) == "before rank assignment");
+  CHECK(rank_label(-1, env({{"RANK", "3"}})) == "rank 3 (from RANK, before rank assignment)");
+  CHECK(rank_label(-1, env({{"OMPI_COMM_WORLD_RANK", "3"}})) ==
+        "rank 3 (from OMPI_COMM_WORLD_RANK, before rank assignment)");
+  CHECK(rank_label(-1, env({{"PMI_RANK", "0"}})) == "rank 0 (from PMI_RANK, before rank assignment)");
+  CHECK(rank_label(-1, env({{"SLURM_PROCID", "7"}})) == "rank 7 (from SLURM_PROCID, before rank assignment)");
+  // The table's precedence (torchrun inside srun), and a value that is no rank is passed over.
+  CHECK(rank_label(-1, env({{"RANK", "1"}, {"SLURM_PROCID", "7"}})) == "rank 1 (from RANK, before rank assignment)");
+  CHECK(rank_label(-1, env({{"RANK", "x"}, {"SLURM_PROCID", "7"}})) ==
+        "rank 7 (from SLURM_PROCID, before rank assignment)");
+  CHECK(rank_label(-1, env({{"RANK", "-1"}})) == "before rank assignment");
+  CHECK(rank_label(-1, env({{"RANK", "99999999999"}})) == "before rank assignment");
+}
+
 }  // namespace unit_test_launch_env

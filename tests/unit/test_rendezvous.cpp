@@ -366,4 +366,34 @@ TEST_CASE("ranks that disagree on the world size, and a missing rank 0") {
   CHECK(what.find("rank 0 did not publish the job nonce") != std::string::npos);
 }
 
+// Two launchers given one MASTER_PORT (two torchrun-style jobs on one host): the first job's
+// rank 0 holds the port; the second's rank 0 cannot listen on it. The error comes before the
+// communicator has a rank, so the *_perf programs' "<program>: <rank_label>: <what>" line names
+// the launcher's variable, not "rank -1".
+TEST_CASE("two launchers on one port: the second names its rank as the launcher gave it") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  std::uint16_t port = 0;
+  // The first job (one rank) keeps its store, and with it the port, while the second starts.
+  auto first = on_free_port([&](std::uint16_t p) {
+    port = p;
+    Options o = with_rank(0, 1);
+    o.init_method = "tcp://127.0.0.1:" + std::to_string(p);
+    return chorus::rendezvous(o);
+  });
+  REQUIRE(first.store);
+
+  ScopedEnv second({{"RANK", "0"},
+                    {"WORLD_SIZE", "2"},
+                    {"MASTER_ADDR", "127.0.0.1"},
+                    {"MASTER_PORT", std::to_string(port)}});
+  Options o;
+  o.timeout = 10s;
+  const std::string what = error_text([&] { chorus::rendezvous(o); }, ErrorCode::system);
+  const std::string line = "all_reduce_perf: " + chorus::rank_label(-1) + ": " + what;
+  MESSAGE(line);
+  CHECK(line == "all_reduce_perf: rank 0 (from RANK, before rank assignment): chorus system: TcpStore server: "
+                "cannot listen on 127.0.0.1:" + std::to_string(port) + ": Address already in use");
+  CHECK(line.find("rank -1") == std::string::npos);
+}
+
 }  // namespace unit_test_rendezvous

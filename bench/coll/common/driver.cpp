@@ -386,7 +386,9 @@ int perf_main(const Collective& d, int argc, char** argv) {
     rank = comm.rank();
     return Driver(d, comm, settings, program, runtime.get()).run();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: rank %d: %s\n", program.c_str(), rank, e.what());
+    // Before the communicator exists there is no rank: rank_label() says so, or names the
+    // launcher's rank variable ("rank 3 (from RANK, before rank assignment)").
+    std::fprintf(stderr, "%s: %s: %s\n", program.c_str(), rank_label(rank).c_str(), e.what());
     return 1;
   }
 }

@@ -67,7 +67,41 @@ inline std::string file_name_safe(std::string s) {
   return s;
 }
 
+/// The launchers' variables, in order of precedence (the table at the top of this file).
+struct Launcher {
+  const char* source;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;
+};
+inline constexpr Launcher kLaunchers[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+};
+
 }  // namespace detail
+
+/// How a message names this process: "rank 3" once its rank is known (`rank` >= 0). Before that,
+/// the rank the launcher's variable gives, marked as such: "rank 3 (from OMPI_COMM_WORLD_RANK,
+/// before rank assignment)" (the first launcher of the table whose rank variable holds a
+/// number), else "before rank assignment". Never throws: it labels errors, whatever the
+/// variables hold.
+inline std::string rank_label(int rank, const GetEnv& getenv) {
+  if (rank >= 0) return "rank " + std::to_string(rank);
+  for (const auto& l : detail::kLaunchers) {
+    const auto v = getenv(l.rank);
+    if (v && v->size() <= 9 && v->find_first_not_of("0123456789") == std::string::npos)
+      return "rank " + std::to_string(std::stoi(*v)) + " (from " + l.rank + ", before rank assignment)";
+  }
+  return "before rank assignment";
+}
+
+/// rank_label() of this process's environment.
+inline std::string rank_label(int rank) { return rank_label(rank, GetEnv(&detail::env_string)); }
 
 /// The job id a launcher's variables carry (LaunchInfo::job_id), "" when none.
 inline std::string launch_job_id(std::string_view source, const GetEnv& getenv) {
@@ -192,22 +226,8 @@ inline std::optional<std::string> hydra_kvs_name(const GetEnv& getenv,
 /// The launch described by the variables `getenv` returns (injectable for tests), or nullopt
 /// when no known launcher's variables are set.
 inline std::optional<LaunchInfo> detect_launch(const GetEnv& getenv) {
-  struct Launcher {
-    const char* source;
-    const char* rank;
-    const char* size;
-    const char* local_rank;
-    const char* local_size;
-  };
-  static constexpr Launcher kLaunchers[] = {
-      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-       "OMPI_COMM_WORLD_LOCAL_SIZE"},
-      {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
-  };
   constexpr std::int64_t kMaxRanks = 1 << 24;
-  for (const auto& l : kLaunchers) {
+  for (const auto& l : detail::kLaunchers) {
     const auto rank = getenv(l.rank);
     const auto size = getenv(l.size);
     if (!rank && !size) continue;
