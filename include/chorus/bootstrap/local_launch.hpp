@@ -107,7 +107,7 @@ inline int launch_local(int nranks, int argc, char** argv,
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code == 0 || kill_at) continue;
     result = code;
-    detail::log(detail::LogLevel::warn, -1, "launch_local: rank ", rank,
+    detail::log(detail::LogLevel::warn, detail::LogSubsys::bootstrap, -1, "launch_local: rank ", rank,
                 WIFEXITED(status) ? " exited with status " : " was killed by signal ",
                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), "; stopping the other ranks");
     for (pid_t p : pids)

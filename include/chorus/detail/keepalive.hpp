@@ -64,7 +64,7 @@ inline void tune_keepalive(int fd, const SocketTuning& t) {
   };
   for (const auto& o : options)
     if (::setsockopt(fd, o.level, o.name, o.value, sizeof(int)) != 0)
-      log(LogLevel::warn, -1, "setsockopt ", o.what, " failed: ", std::strerror(errno));
+      log(LogLevel::warn, LogSubsys::net, -1, "setsockopt ", o.what, " failed: ", std::strerror(errno));
 }
 
 }  // namespace chorus::detail

@@ -38,7 +38,7 @@ void cross_check(Store& store, const std::vector<algo::CollectiveDesc>& recent, 
   } catch (const Error& e) {
     static std::atomic<bool> told{false};  // once per process: every later stall fails alike
     if (!told.exchange(true))
-      chorus::detail::log(chorus::detail::LogLevel::warn, rank, "stall cross-check skipped, store unreachable: ", e.what());
+      chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::diag, rank, "stall cross-check skipped, store unreachable: ", e.what());
     return;
   }
   for (int p = 0; p < size; ++p) {

@@ -40,7 +40,7 @@ inline void write_dump(const std::string& text) {
       ::close(fd);
       if (w == static_cast<ssize_t>(text.size())) return;
     }
-    log(LogLevel::warn, -1, "cannot write the flight recorder to ", path, ": ", std::strerror(errno), "; it follows on stderr");
+    log(LogLevel::warn, LogSubsys::diag, -1, "cannot write the flight recorder to ", path, ": ", std::strerror(errno), "; it follows on stderr");
   }
   std::fwrite(text.data(), 1, text.size(), stderr);
   std::fflush(stderr);
@@ -94,7 +94,7 @@ class DumpRegistry {
     if (*v != "1") throw Error(ErrorCode::invalid_argument, "CHORUS_DUMP_ON_SIGNAL='" + *v + "' is not 0 or 1");
     struct sigaction old {};
     if (::sigaction(SIGUSR1, nullptr, &old) == 0 && old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
-      log(LogLevel::info, -1, "CHORUS_DUMP_ON_SIGNAL: SIGUSR1 already has a handler; flight recorders dump on timeouts and aborts only");
+      log(LogLevel::info, LogSubsys::diag, -1, "CHORUS_DUMP_ON_SIGNAL: SIGUSR1 already has a handler; flight recorders dump on timeouts and aborts only");
       return;
     }
     int fds[2];

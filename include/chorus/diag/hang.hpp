@@ -97,7 +97,7 @@ class HangWatch {
     try {
       publish_progress();
     } catch (const std::exception& e) {
-      detail::log(detail::LogLevel::info, rank_, "cannot publish progress: ", e.what());
+      detail::log(detail::LogLevel::info, detail::LogSubsys::diag, rank_, "cannot publish progress: ", e.what());
     }
   }
 

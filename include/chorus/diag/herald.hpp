@@ -141,7 +141,7 @@ struct Watch {
         auto s = st.lock();
         if (!s || s->failed()) return;  // the link closed: nothing was reported
         const std::string text = notice->message();
-        chorus::detail::log(chorus::detail::LogLevel::info, me, "a peer reported: ", text);
+        chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::diag, me, "a peer reported: ", text);
         h->start(Error::from_text(static_cast<ErrorCode>(notice->code), text, me, -1));
       });
       w.notice_recvs.push_back(std::move(r));

@@ -175,7 +175,7 @@ class EngineTransport {
           eng->run();
           return;
         } catch (const std::exception& e) {
-          log(LogLevel::warn, rank, Derived::kName, " progress thread: ", e.what());
+          log(LogLevel::warn, LogSubsys::transport, rank, Derived::kName, " progress thread: ", e.what());
           if constexpr (!Engine::kRunAgainAfterError) {
             eng->fail_all(ErrorCode::system, std::string(Derived::kName) + " progress thread failed: " + e.what(), true);
             return;

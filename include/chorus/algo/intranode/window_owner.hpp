@@ -44,7 +44,7 @@ class WindowOwner {
     try {
       windows_->close();
     } catch (const Error& e) {
-      chorus::detail::log(chorus::detail::LogLevel::warn, rank, "closing the IPC windows: ", e.what());
+      chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::cuda_ipc, rank, "closing the IPC windows: ", e.what());
     }
   }
 
@@ -64,7 +64,7 @@ class WindowOwner {
           mailbox_wait(group, bye, 0, std::min(timeout, cuda_ipc::kGoodbye), [](const CollectiveDesc&) {});
           quiet = true;
         } catch (const Error& e) {
-          chorus::detail::log(chorus::detail::LogLevel::info, group.rank, "the IPC window stays allocated (a peer may still read it): ",
+          chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::cuda_ipc, group.rank, "the IPC window stays allocated (a peer may still read it): ",
                       e.what());
         }
       }

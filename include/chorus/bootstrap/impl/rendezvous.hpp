@@ -45,6 +45,7 @@
 #include "chorus/bootstrap/tcp_store.hpp"
 #include "chorus/detail/crypto.hpp"
 #include "chorus/detail/env.hpp"
+#include "chorus/detail/log.hpp"
 
 namespace chorus {
 namespace detail {
@@ -248,6 +249,9 @@ inline std::shared_ptr<Store> make_store(const Options& o, int rank, int size) {
 
 inline Bootstrap rendezvous(Options options) {
   options.apply_env();
+  // The logging variables are read at the first log line; reading them here makes a bad
+  // CHORUS_DEBUG, CHORUS_DEBUG_SUBSYS fail the communicator's creation, not a later log call.
+  (void)detail::Logger::instance();
   const auto [rank, size] = detail::resolve_rank_and_size(options, GetEnv(&detail::env_string));
   ErrorContext ctx{rank, -1, "rendezvous"};
   std::shared_ptr<Store> store = options.store ? options.store : detail::make_store(options, rank, size);
@@ -278,7 +282,7 @@ inline Bootstrap rendezvous(Options options) {
       throw Error(ErrorCode::mismatch, ctx,
                   "world size " + std::to_string(size) + " here but " + root_size + " on rank 0");
   }
-  detail::log(detail::LogLevel::info, rank, "rendezvous: generation ", gen, ", world size ", size);
+  detail::log(detail::LogLevel::info, detail::LogSubsys::bootstrap, rank, "rendezvous: generation ", gen, ", world size ", size);
 
   Bootstrap b;
   b.rank = rank;

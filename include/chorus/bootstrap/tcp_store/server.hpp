@@ -49,7 +49,7 @@ class TcpStoreServer {
     if (ec) throw Error(ErrorCode::system, ctx, "cannot listen on " + endpoint_string(ep) + ": " + ec.message());
     asio::co_spawn(io_, accept_loop(), asio::detached);
     thread_ = std::thread([this] { run(); });
-    log(LogLevel::info, -1, "TcpStore server listening on ", endpoint_string(local_));
+    log(LogLevel::info, LogSubsys::bootstrap, -1, "TcpStore server listening on ", endpoint_string(local_));
   }
 
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -68,7 +68,7 @@ class TcpStoreServer {
       stop_timer_.expires_after(std::chrono::seconds(2));
       stop_timer_.async_wait([this](const boost::system::error_code& e) {
         if (e) return;
-        log(LogLevel::warn, -1, "TcpStore server: ", active_, " connection(s) did not close in 2 s; abandoning them");
+        log(LogLevel::warn, LogSubsys::bootstrap, -1, "TcpStore server: ", active_, " connection(s) did not close in 2 s; abandoning them");
         io_.stop();
       });
     });
@@ -97,7 +97,7 @@ class TcpStoreServer {
         io_.run();
         return;
       } catch (const std::exception& e) {
-        log(LogLevel::warn, -1, "TcpStore server: unexpected error: ", e.what());
+        log(LogLevel::warn, LogSubsys::bootstrap, -1, "TcpStore server: unexpected error: ", e.what());
       }
     }
   }
@@ -111,7 +111,7 @@ class TcpStoreServer {
       if (ec) {
         if (ec == asio::error::operation_aborted) co_return;
         // EMFILE and friends: back off instead of spinning; the clients retry.
-        log(LogLevel::warn, -1, "TcpStore server: accept failed: ", ec.message());
+        log(LogLevel::warn, LogSubsys::bootstrap, -1, "TcpStore server: accept failed: ", ec.message());
         asio::steady_timer t(io_, std::chrono::milliseconds(100));
         co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
@@ -150,7 +150,7 @@ class TcpStoreServer {
     }
     if (fired) failure = "no handshake within " + std::to_string(hs_limit.count()) + " ms";
     if (!failure.empty()) {
-      if (!stopping_) log(LogLevel::warn, -1, "TcpStore server: refused connection from ", from, ": ", failure);
+      if (!stopping_) log(LogLevel::warn, LogSubsys::bootstrap, -1, "TcpStore server: refused connection from ", from, ": ", failure);
       co_return;
     }
 
@@ -158,7 +158,7 @@ class TcpStoreServer {
       while (co_await serve_one(s, from)) {
       }
     } catch (const std::exception& e) {
-      if (!stopping_) log(LogLevel::warn, -1, "TcpStore server: dropped client ", from, ": ", e.what());
+      if (!stopping_) log(LogLevel::warn, LogSubsys::bootstrap, -1, "TcpStore server: dropped client ", from, ": ", e.what());
     }
   }
 
@@ -168,7 +168,7 @@ class TcpStoreServer {
     boost::system::error_code ec;
     co_await asio::async_read(s, asio::buffer(hdr.data(), 1), asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {  // between requests: a client leaving is normal
-      if (!stopping_) log(LogLevel::info, -1, "TcpStore server: client ", from, " left (", ec.message(), ")");
+      if (!stopping_) log(LogLevel::info, LogSubsys::bootstrap, -1, "TcpStore server: client ", from, " left (", ec.message(), ")");
       co_return false;
     }
     StoreRequest req;
@@ -185,7 +185,7 @@ class TcpStoreServer {
     }
     if (dog_fired) bad = "incomplete request after " + std::to_string(timeout_.count()) + " ms";
     if (!bad.empty()) {
-      if (!stopping_) log(LogLevel::warn, -1, "TcpStore server: dropped client ", from, ": ", bad);
+      if (!stopping_) log(LogLevel::warn, LogSubsys::bootstrap, -1, "TcpStore server: dropped client ", from, ": ", bad);
       co_return false;
     }
     Response resp;
@@ -196,7 +196,7 @@ class TcpStoreServer {
       co_await asio::async_write(s, asio::buffer(out), asio::redirect_error(asio::use_awaitable, ec));
     }
     if (ec) {
-      if (!stopping_) log(LogLevel::warn, -1, "TcpStore server: dropped client ", from, ": reply: ", ec.message());
+      if (!stopping_) log(LogLevel::warn, LogSubsys::bootstrap, -1, "TcpStore server: dropped client ", from, ": reply: ", ec.message());
       co_return false;
     }
     co_return true;
@@ -244,7 +244,7 @@ class TcpStoreServer {
         const auto r = co_await wait_keys(s, req.keys, deadline);
         if (r == WaitResult::stopped) co_return false;
         if (r == WaitResult::client_gone) {
-          log(LogLevel::info, -1, "TcpStore server: client ", endpoint_text(s), " left during ", store_op_name(req.op));
+          log(LogLevel::info, LogSubsys::bootstrap, -1, "TcpStore server: client ", endpoint_text(s), " left during ", store_op_name(req.op));
           co_return false;
         }
         if (r == WaitResult::timeout) {

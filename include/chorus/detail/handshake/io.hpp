@@ -123,7 +123,7 @@ T run_with_deadline(asio::io_context& io, asio::awaitable<T> op, std::chrono::st
       if (io.stopped()) break;
     }
     if (!done) {
-      log(LogLevel::warn, ctx.rank, "run_with_deadline: ", what, ": operation did not unwind after expiry");
+      log(LogLevel::warn, LogSubsys::net, ctx.rank, "run_with_deadline: ", what, ": operation did not unwind after expiry");
       io.stop();
     }
   }

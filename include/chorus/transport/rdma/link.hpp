@@ -167,7 +167,7 @@ class Link {
       ::close(x.fd);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::unsupported) {
-        chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "rdma peer ", peer_,
+        chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::rdma, rank_, "rdma peer ", peer_,
                             ": a device buffer could not be exported, so it is staged: ", e.what());
         return false;
       }
@@ -176,7 +176,7 @@ class Link {
       return say_staged(d, std::string("the ") + std::string(rt.name()) + " runtime exports no dma-buf (" + e.what() + ")");
     }
     d.runtime = &rt;
-    chorus::detail::log(chorus::detail::LogLevel::info, rank_, "rdma: device buffers above ", kEagerBytes,
+    chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::rdma, rank_, "rdma: device buffers above ", kEagerBytes,
                         " bytes go zero-copy (dma-buf registration on ", d.device, ", ", rt.name(), " runtime)");
     return true;
   }
@@ -250,7 +250,7 @@ class Link {
     failed_ = true;
     fail_code_ = code;
     fail_why_ = why + " (rdma link to rank " + std::to_string(peer_) + ")";
-    chorus::detail::log(chorus::detail::LogLevel::info, rank_, "rdma link to peer ", peer_, " broken: ", why);
+    chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::rdma, rank_, "rdma link to peer ", peer_, " broken: ", why);
     if (qp_) (void)verbs_.set_qp_error(qp_);  // the control QP stays: the abort write is on it
     matcher_.drain_posted([&](detail::RecvOp& r) { done.fail(r.req, code, fail_why_); });
     matcher_.remove_unexpected_from([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
@@ -331,7 +331,7 @@ class Link {
   /// Logs, once per transport, why device buffers go through host staging; false.
   bool say_staged(detail::DeviceAccess& d, const std::string& why) {
     if (!d.told)
-      chorus::detail::log(chorus::detail::LogLevel::info, rank_, "rdma: device buffers go through pinned host staging: ", why);
+      chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::rdma, rank_, "rdma: device buffers go through pinned host staging: ", why);
     d.told = true;
     return false;
   }
@@ -399,7 +399,7 @@ class Link {
   void register_recv(detail::RecvOp r, std::uint32_t id, Completions& done);
 
   void protocol_error(const std::string& what, Completions& done) {
-    chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "rdma peer ", peer_, ": protocol error: ", what);
+    chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::rdma, rank_, "rdma peer ", peer_, ": protocol error: ", what);
     fail(ErrorCode::peer_failure, "protocol error from peer: " + what, true, done);
   }
 

@@ -86,6 +86,9 @@ inline bool decode(const std::string& s, Endpoint& e) {
 
 }  // namespace detail
 
+// Its provider depends on CHORUS_WITH_RDMA: named after it (config.hpp: CHORUS_OPTIONS_NAMESPACE).
+inline namespace CHORUS_OPTIONS_NAMESPACE {
+
 class Transport : public chorus::detail::EngineTransport<Transport, detail::Engine, Link> {
  public:
   static constexpr std::string_view kName = "rdma";
@@ -169,7 +172,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
       e.links[static_cast<std::size_t>(p)] =
           std::make_unique<Link>(rank_, p, e.hub, *e.verbs, *e.regs, e.slab->memory(i++), b.options.timeout, weak_driver);
   connect(b, peers);
-  chorus::detail::log(chorus::detail::LogLevel::info, rank_, "rdma: ", n, " peers over ", port().device, ":", port().port,
+  chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::rdma, rank_, "rdma: ", n, " peers over ", port().device, ":", port().port,
                       " (", port().link_layer, ", GID index ", port().gid_index, "), dma-buf registration ",
                       e.hub.device.nic ? "supported" : "not supported");
   start_progress_thread();
@@ -249,4 +252,5 @@ inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peer
 
 static_assert(chorus::Transport<Transport>);
 
+}  // inline namespace CHORUS_OPTIONS_NAMESPACE
 }  // namespace chorus::rdma

@@ -272,7 +272,7 @@ class Link {
     fail_why_ = why;
     if (map_.valid()) out_.mark_aborted();
     if (close && sock_) ::shutdown(sock_.get(), SHUT_RDWR);
-    chorus::detail::log(chorus::detail::LogLevel::info, rank_, "shm link to peer ", peer_, " broken: ", why);
+    chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::shm, rank_, "shm link to peer ", peer_, " broken: ", why);
     matcher_.drain_posted([&](detail::RecvOp& r) { done.fail(r.req, code, why); });
     matcher_.remove_unexpected_from([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
     for (auto& [id, a] : active_recv_) done.fail(a.recv.req, code, why);
@@ -333,7 +333,7 @@ class Link {
                   detail::Completions& done);
 
   void protocol_error(const std::string& what, detail::Completions& done) {
-    chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "shm peer ", peer_, ": protocol error: ", what);
+    chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::shm, rank_, "shm peer ", peer_, ": protocol error: ", what);
     fail(ErrorCode::peer_failure, "protocol error from peer: " + what, true, done);
   }
 

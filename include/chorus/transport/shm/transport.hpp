@@ -146,7 +146,7 @@ inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peer
   auto probe = [&](int peer, std::uint64_t pid, std::uint64_t addr) {
     const bool ok = cma_on && detail::cma_works(pid, addr);
     if (cma_on && !ok)
-      chorus::detail::log(chorus::detail::LogLevel::info, rank_, "shm: cross-memory attach to peer ", peer,
+      chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::shm, rank_, "shm: cross-memory attach to peer ", peer,
                           " is not allowed here (", std::strerror(errno), "): large messages go through the ring");
     return ok;
   };
@@ -215,7 +215,7 @@ inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peer
     detail::Fd s(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!s) continue;
     auto refuse = [&](const std::string& why) {
-      chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "shm: refused a connection: ", why);
+      chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::shm, rank_, "shm: refused a connection: ", why);
     };
     std::uint64_t pid = 0;
     if (!detail::peer_is_trusted(s.get(), pid)) {

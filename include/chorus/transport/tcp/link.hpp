@@ -188,7 +188,7 @@ class Link {
     } else {
       socket_.cancel(ignored);
     }
-    chorus::detail::log(chorus::detail::LogLevel::info, rank_, "link to peer ", peer_, " broken: ", why);
+    chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::net, rank_, "link to peer ", peer_, " broken: ", why);
     matcher_.drain_posted([&](detail::RecvOp& r) { r.req->fail(code, why); });
     matcher_.remove_unexpected_from([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
     for (auto& [id, r] : active_recv_) r.req->fail(code, why);
@@ -255,7 +255,7 @@ class Link {
   }
 
   void protocol_error(const std::string& what) {
-    chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "peer ", peer_, ": protocol error: ", what);
+    chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::net, rank_, "peer ", peer_, ": protocol error: ", what);
     fail(ErrorCode::peer_failure, "protocol error from peer: " + what);
   }
 

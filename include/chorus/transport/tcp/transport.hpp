@@ -95,7 +95,7 @@ inline void Transport::connect_all(const Bootstrap& b) {
   acceptor.listen(asio::socket_base::max_listen_connections);
   const auto port = acceptor.local_endpoint().port();
   b.store->set("tcp/addr/" + std::to_string(rank_), addr.to_string() + " " + std::to_string(port));
-  chorus::detail::log(chorus::detail::LogLevel::info, rank_, "tcp: listening on ", addr.to_string(), " port ", port);
+  chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::net, rank_, "tcp: listening on ", addr.to_string(), " port ", port);
 
   // Ranks outside the mask count as connected: nothing waits for them.
   std::vector<bool> connected(static_cast<std::size_t>(size_), false);
@@ -200,7 +200,7 @@ inline void Transport::connect_all(const Bootstrap& b) {
                     --to_accept;
                     finish_if_done();
                   } catch (const std::exception& e) {
-                    chorus::detail::log(chorus::detail::LogLevel::warn, rank_, "tcp: refused a connection from ", from,
+                    chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::net, rank_, "tcp: refused a connection from ", from,
                                         ": ", e.what());
                   }
                 },

@@ -211,7 +211,7 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
   void async_events(Completions& done) {
     AsyncEvent ev;
     while (verbs->next_async_event(ev)) {
-      chorus::detail::log(chorus::detail::LogLevel::warn, rank, "rdma: asynchronous event: ", ev.what);
+      chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::rdma, rank, "rdma: asynchronous event: ", ev.what);
       if (ev.kind == AsyncKind::qp_fatal) {
         for (auto& l : links)
           if (l && ((l->qp() && l->qp()->qp_num == ev.qp_num) || (l->control_qp() && l->control_qp()->qp_num == ev.qp_num)))
