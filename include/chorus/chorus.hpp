@@ -10,6 +10,7 @@
 ///   }
 
 #include "chorus/config.hpp"
+#include "chorus/version.hpp"
 #include "chorus/core/buffer.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/error.hpp"

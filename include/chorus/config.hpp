@@ -1,10 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-/// Compile-mode macros: the one place that knows whether nvcc is compiling.
-
-#define CHORUS_VERSION_MAJOR 0
-#define CHORUS_VERSION_MINOR 1
-#define CHORUS_VERSION_PATCH 0
+/// Compile-mode macros: the one place that knows whether nvcc is compiling. (The version macros
+/// are in chorus/version.hpp.)
 
 #if defined(__CUDACC__)
 #define CHORUS_HOST_DEVICE __host__ __device__

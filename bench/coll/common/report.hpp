@@ -30,7 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "chorus/config.hpp"
+#include "chorus/version.hpp"
 #include "coll/common/settings.hpp"
 
 extern char** environ;
@@ -110,8 +110,8 @@ class Reporter {
               std::chrono::milliseconds timeout) {
     if (!on_) return;
     open_json();
-    std::printf("# nccl-tests version %.*s chorus=%d.%d.%d\n", int(kNcclTestsFormat.size()), kNcclTestsFormat.data(),
-                CHORUS_VERSION_MAJOR, CHORUS_VERSION_MINOR, CHORUS_VERSION_PATCH);
+    std::printf("# nccl-tests version %.*s chorus=%s\n", int(kNcclTestsFormat.size()), kNcclTestsFormat.data(),
+                chorus::version().string);
     std::printf("# Collective test starting: %s\n", program_.c_str());
     const bool factor = s_.step_factor > 1;
     std::printf(
@@ -121,7 +121,8 @@ class Reporter {
         s_.warmup_iters, s_.iters, s_.agg_iters, s_.check);
     if (s_.blocking == 1) std::printf("# Blocking Enabled: wait for completion and barrier after each collective \n");
     if (s_.blocking == 2) std::printf("# Blocking Enabled: wait for completion after each collective (no barrier) \n");
-    std::printf("# chorus: %zu ranks, transport %.*s, algorithm %s, timeout %lld ms\n", ranks.size(),
+    std::printf("# chorus %s: %zu ranks, transport %.*s, algorithm %s, timeout %lld ms\n",
+                chorus::version().string, ranks.size(),
                 int(transport.size()), transport.data(), algorithm.empty() ? "auto" : algorithm.c_str(),
                 static_cast<long long>(timeout.count()));
     if (s_.local_register != 0)
@@ -286,8 +287,7 @@ class Reporter {
     auto& env = j["env"] = nlohmann::ordered_json::array();
     for (char** e = environ; *e != nullptr; ++e)
       if (detail::recorded_env(*e)) env.push_back(*e);
-    j["chorus_version"] = std::to_string(CHORUS_VERSION_MAJOR) + "." + std::to_string(CHORUS_VERSION_MINOR) + "." +
-                          std::to_string(CHORUS_VERSION_PATCH);
+    j["chorus_version"] = chorus::version().string;
     json_ = std::move(j);
   }
 

@@ -30,6 +30,7 @@
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/impl/state.hpp"
+#include "chorus/version.hpp"
 
 namespace chorus {
 
@@ -59,7 +60,8 @@ Communicator<T> Communicator<T>::create(Options options) {
   s->make_recorder();
   s->watch_for_errors();
   if (detail::log_enabled(detail::LogLevel::info))
-    detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready: ", s->boot.size, " ranks over ", T::kName,
+    detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready (chorus ", version().string, "): ", s->boot.size,
+                " ranks over ", T::kName,
                 "; device buffers: ",
                 s->plan_inputs.ipc ? "direct reads of every peer's memory (cuda_ipc)" : "staged through pinned host memory",
                 "; memory: ", s->memory_stats().to_string());
