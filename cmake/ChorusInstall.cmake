@@ -43,3 +43,46 @@ install(FILES
   "${PROJECT_BINARY_DIR}/chorusConfigVersion.cmake"
   "${PROJECT_SOURCE_DIR}/cmake/chorusIbverbs.cmake"
   DESTINATION "${CHORUS_INSTALL_CMAKEDIR}")
+
+# chorus.pc, for build systems other than CMake (pkg-config --cflags --libs chorus), beside the
+# package config: <prefix>/share/pkgconfig, which pkg-config searches by default. It locates
+# itself (${pcfiledir}), so an install with `cmake --install ... --prefix P` anywhere works. The
+# include directories of Boost and OpenSSL and libcrypto's directory are written only where they
+# are not the compiler's own (pkg-config would drop -I/usr/include anyway).
+set(CHORUS_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_DATADIR}/pkgconfig"
+    CACHE STRING "Where chorus.pc is installed, relative to the prefix")
+mark_as_advanced(CHORUS_INSTALL_PKGCONFIGDIR)
+function(_chorus_write_pkg_config)
+  if(IS_ABSOLUTE "${CHORUS_INSTALL_PKGCONFIGDIR}")
+    set(CHORUS_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+  else()
+    # "share/pkgconfig" -> ${pcfiledir}/../..: the prefix seen from the .pc file's folder.
+    file(RELATIVE_PATH up "/p/${CHORUS_INSTALL_PKGCONFIGDIR}" "/p")
+    string(REGEX REPLACE "/$" "" up "${up}")
+    set(CHORUS_PC_PREFIX "\${pcfiledir}/${up}")
+  endif()
+  if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+    set(CHORUS_PC_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")
+  else()
+    set(CHORUS_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+  endif()
+  set(cflags "")
+  foreach(dir IN LISTS Boost_INCLUDE_DIRS OPENSSL_INCLUDE_DIR)
+    if(dir AND NOT dir IN_LIST CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES AND NOT dir STREQUAL "/usr/include"
+       AND NOT " -I${dir}" IN_LIST cflags)
+      list(APPEND cflags " -I${dir}")
+    endif()
+  endforeach()
+  set(libs "")
+  if(OPENSSL_CRYPTO_LIBRARY)
+    get_filename_component(dir "${OPENSSL_CRYPTO_LIBRARY}" DIRECTORY)
+    if(NOT dir IN_LIST CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES)
+      set(libs " -L${dir}")
+    endif()
+  endif()
+  list(JOIN cflags "" CHORUS_PC_CFLAGS)
+  set(CHORUS_PC_LIBS "${libs}")
+  configure_file("${PROJECT_SOURCE_DIR}/cmake/chorus.pc.in" "${PROJECT_BINARY_DIR}/chorus.pc" @ONLY)
+endfunction()
+_chorus_write_pkg_config()
+install(FILES "${PROJECT_BINARY_DIR}/chorus.pc" DESTINATION "${CHORUS_INSTALL_PKGCONFIGDIR}")
