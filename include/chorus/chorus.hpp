@@ -28,16 +28,14 @@
 #include "chorus/transport/shm/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 #include "chorus/communicator.hpp"
+#include "chorus/fwd.hpp"
 #include "chorus/all_to_all_v.hpp"
 #include "chorus/registered_memory.hpp"
 #include "chorus/sgd/sgd.hpp"
 
 namespace chorus {
 
-/// The transport chorus::init() uses: picks per peer from Options::transport (CHORUS_TRANSPORT,
-/// default auto): per pair of ranks, the first of cuda_ipc, shm, rdma, tcp that can connect it
-/// (transport/registry.hpp, transport/hybrid).
-using DefaultTransport = hybrid::Transport;
+// chorus::DefaultTransport, hybrid::Transport, is declared in chorus/fwd.hpp.
 
 #ifdef CHORUS_EXTERN_TEMPLATES
 /// A build that compiles the default communicator once, in one file holding
@@ -46,9 +44,15 @@ using DefaultTransport = hybrid::Transport;
 extern template class Communicator<DefaultTransport>;
 #endif
 
+// Its return type depends on CHORUS_WITH_RDMA, its name does not: named after the option
+// (config.hpp: CHORUS_OPTIONS_NAMESPACE).
+inline namespace CHORUS_OPTIONS_NAMESPACE {
+
 /// Creates the communicator the environment describes (see docs/environment.md).
 inline Communicator<DefaultTransport> init(Options options = Options::from_env()) {
   return Communicator<DefaultTransport>::create(std::move(options));
 }
+
+}  // inline namespace CHORUS_OPTIONS_NAMESPACE
 
 }  // namespace chorus

@@ -75,8 +75,13 @@ struct MemoryStats {
   std::string to_string() const;
 };
 
-template <Transport T>
+template <class T>
 class Communicator {
+  // The concept is checked here rather than in the template head, so that chorus/fwd.hpp can
+  // declare Communicator and a header can name Communicator<DefaultTransport> (an incomplete
+  // type there) without chorus.hpp.
+  static_assert(Transport<T>, "Communicator<T>: T must model chorus::Transport (core/concepts.hpp)");
+
  public:
   using transport_type = T;
 

@@ -22,3 +22,23 @@
 #else
 #define CHORUS_HAS_RDMA 0
 #endif
+
+/// The inline namespace that holds every definition CHORUS_WITH_RDMA changes, so that translation
+/// units of one program built with and without it (one target linking chorus::rdma, another only
+/// chorus::chorus) cannot silently share one of them (an ODR violation the linker would not see:
+/// it keeps one copy of each inline function). It holds rdma::Transport and its provider
+/// (transport/rdma/detail/provider.hpp opens libibverbs only with the option), hybrid::Transport
+/// (chorus::DefaultTransport) and chorus::init(); every Communicator<DefaultTransport> member is
+/// named after its transport, so it differs too. Users never spell it. A communicator passed from
+/// a translation unit of one mode to a function compiled in the other, or an extern-template
+/// instance compiled in the other mode, fails to link, the missing symbol naming the namespace:
+///   undefined reference to `chorus::Communicator<chorus::hybrid::with_rdma::Transport>::barrier()'
+/// (tests/compile/options_odr). CHORUS_WITH_CUDA is not in the name: no header reads it (the CUDA
+/// runtime comes in at run time, registered by the .cu file that includes chorus/cuda.hpp), so
+/// targets with and without chorus::cuda share communicators. A definition that comes to depend on
+/// CHORUS_HAS_CUDA or on a new option belongs in a namespace whose name says that option too.
+#if CHORUS_HAS_RDMA
+#define CHORUS_OPTIONS_NAMESPACE with_rdma
+#else
+#define CHORUS_OPTIONS_NAMESPACE without_rdma
+#endif

@@ -34,7 +34,7 @@
 
 namespace chorus {
 
-template <Transport T>
+template <class T>
 Communicator<T> Communicator<T>::create(Options options) {
   auto s = std::make_unique<State>();
   s->boot = rendezvous(std::move(options));
@@ -68,11 +68,11 @@ Communicator<T> Communicator<T>::create(Options options) {
   return Communicator(std::move(s));
 }
 
-template <Transport T>
+template <class T>
 Communicator<T>::Communicator(std::unique_ptr<State> s) : s_(std::move(s)) {}
 
 /// Never waits for peers: work still pending is aborted (see communicator.hpp).
-template <Transport T>
+template <class T>
 Communicator<T>::~Communicator() {
   if (!s_) return;  // moved from
   if (detail::log_enabled(detail::LogLevel::info))
@@ -90,7 +90,7 @@ Communicator<T>::~Communicator() {
                        " operation(s) pending (finalize() waits for them)"));
 }
 
-template <Transport T>
+template <class T>
 void Communicator<T>::abort_with(const Error& why) {
   State& st = *s_;
   if (st.aborted.exchange(true)) return;
@@ -107,7 +107,7 @@ void Communicator<T>::abort_with(const Error& why) {
   }
 }
 
-template <Transport T>
+template <class T>
 void Communicator<T>::finalize() {
   State& st = *s_;
   std::unique_lock lk(st.call_mu);
@@ -128,22 +128,22 @@ void Communicator<T>::finalize() {
     throw Error(ErrorCode::timeout, st.ctx(-1, "finalize"), "the pending calls' requests did not complete");
 }
 
-template <Transport T>
+template <class T>
 int Communicator<T>::rank() const {
   return s_->group.rank;
 }
 
-template <Transport T>
+template <class T>
 int Communicator<T>::size() const {
   return s_->group.size();
 }
 
-template <Transport T>
+template <class T>
 const Options& Communicator<T>::options() const {
   return s_->boot.options;
 }
 
-template <Transport T>
+template <class T>
 void Communicator<T>::set_device_runtime(device::Runtime* runtime) {
   std::lock_guard lk(s_->call_mu);
   if (s_->device_exec && runtime != s_->runtime)
@@ -151,17 +151,17 @@ void Communicator<T>::set_device_runtime(device::Runtime* runtime) {
                 "the communicator has run calls on device buffers with another runtime");
   s_->runtime = runtime;
 }
-template <Transport T>
+template <class T>
 device::Runtime* Communicator<T>::device_runtime() const {
   return s_->runtime;
 }
-template <Transport T>
+template <class T>
 std::optional<Error> Communicator<T>::async_error() const {
   std::lock_guard g(s_->async_mu);
   return s_->async_error;
 }
 
-template <Transport T>
+template <class T>
 MemoryStats Communicator<T>::memory_stats() const {
   return s_->memory_stats();
 }
@@ -178,31 +178,31 @@ inline std::string MemoryStats::to_string() const {
          (ipc_window_bytes != 0 ? ", ipc window " + fmt(ipc_window_bytes) : std::string());
 }
 
-template <Transport T>
+template <class T>
 T& Communicator<T>::transport() {
   return *s_->transport;
 }
 
-template <Transport T>
+template <class T>
 algo::TransportModel Communicator<T>::cost_model() const {
   return s_->plan_inputs.model;
 }
 
-template <Transport T>
+template <class T>
 Request Communicator<T>::isend_bytes(ConstBytes data, int peer, int tag) {
   detail::check_p2p_args(rank(), size(), peer, tag, "send");
   s_->refuse_device(data.data, data.size, peer, "send");
   return s_->transport->link(s_->group.members[peer]).isend(data, s_->group.context | static_cast<Tag>(tag));
 }
 
-template <Transport T>
+template <class T>
 Request Communicator<T>::irecv_bytes(MutableBytes data, int peer, int tag) {
   detail::check_p2p_args(rank(), size(), peer, tag, "recv");
   s_->refuse_device(data.data, data.size, peer, "recv");
   return s_->transport->link(s_->group.members[peer]).irecv(data, s_->group.context | static_cast<Tag>(tag));
 }
 
-template <Transport T>
+template <class T>
 void Communicator<T>::same_size(std::size_t a, std::size_t b, const char* what) const {
   if (a != b)
     throw Error(ErrorCode::invalid_argument, ErrorContext{rank(), -1, what},
@@ -211,7 +211,7 @@ void Communicator<T>::same_size(std::size_t a, std::size_t b, const char* what) 
 
 /// Every collective goes through here: pick the algorithm, run it in call order (on this thread
 /// when blocking and idle, else on the communicator's worker), spread a mismatch to every rank.
-template <Transport T>
+template <class T>
 Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, bool async,
                                     exec::TicketRef ticket) {
   State& st = *s_;
@@ -313,7 +313,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   return Request(req);
 }
 
-template <Transport T>
+template <class T>
 Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt,
                                ReduceOp op, int root, bool async, const device::Stream* stream) {
   detail::check_collective_args(kind, in, out, count, dt, op, root, rank(), size());
@@ -350,49 +350,49 @@ Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* 
   return collective(d, a, async || stream != nullptr, std::move(ticket));
 }
 
-template <Transport T>
+template <class T>
 Request Communicator<T>::all_reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
   return start(algo::CollectiveKind::all_reduce, in, out, count, dt, op, -1, true);
 }
-template <Transport T>
+template <class T>
 Request Communicator<T>::broadcast_async(void* buf, std::size_t count, DataType dt, int root) {
   return start(algo::CollectiveKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root, true);
 }
-template <Transport T>
+template <class T>
 Request Communicator<T>::reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root) {
   return start(algo::CollectiveKind::reduce, in, out, count, dt, op, root, true);
 }
-template <Transport T>
+template <class T>
 Request Communicator<T>::scatter_async(const void* in, void* out, std::size_t count, DataType dt, int root) {
   return start(algo::CollectiveKind::scatter, in, out, count, dt, ReduceOp::sum, root, true);
 }
-template <Transport T>
+template <class T>
 Request Communicator<T>::gather_async(const void* in, void* out, std::size_t count, DataType dt, int root) {
   return start(algo::CollectiveKind::gather, in, out, count, dt, ReduceOp::sum, root, true);
 }
-template <Transport T>
+template <class T>
 Request Communicator<T>::all_gather_async(const void* in, void* out, std::size_t count, DataType dt) {
   return start(algo::CollectiveKind::all_gather, in, out, count, dt, ReduceOp::sum, -1, true);
 }
-template <Transport T>
+template <class T>
 Request Communicator<T>::reduce_scatter_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
   return start(algo::CollectiveKind::reduce_scatter, in, out, count, dt, op, -1, true);
 }
-template <Transport T>
+template <class T>
 Request Communicator<T>::all_to_all_async(const void* in, void* out, std::size_t count, DataType dt) {
   return start(algo::CollectiveKind::all_to_all, in, out, count, dt, ReduceOp::sum, -1, true);
 }
 
-template <Transport T>
+template <class T>
 void Communicator<T>::barrier() {
   start(algo::CollectiveKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, -1, false).wait();
 }
-template <Transport T>
+template <class T>
 Request Communicator<T>::barrier_async() {
   return start(algo::CollectiveKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, -1, true);
 }
 
-template <Transport T>
+template <class T>
 void Communicator<T>::abort() {
   abort_with(Error(ErrorCode::aborted, s_->ctx(-1, "abort"), "communicator aborted by the user"));
 }

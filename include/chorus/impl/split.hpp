@@ -14,7 +14,7 @@
 
 namespace chorus {
 
-template <Transport T>
+template <class T>
 Communicator<T> Communicator<T>::split(int color, int key) {
   State& st = *s_;
   if (color < 0)

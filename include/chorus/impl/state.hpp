@@ -52,7 +52,7 @@ class CallLock {
 
 }  // namespace detail
 
-template <Transport T>
+template <class T>
 struct Communicator<T>::State {
   Bootstrap boot;                   ///< of the job (shared by sub-communicators)
   std::shared_ptr<T> transport;     ///< shared with sub-communicators

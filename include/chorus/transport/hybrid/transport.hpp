@@ -37,6 +37,7 @@
 #include "chorus/transport/peer_info.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/device/runtime.hpp"
+#include "chorus/config.hpp"
 #include "chorus/transport/registry.hpp"
 
 namespace chorus::hybrid {
@@ -311,8 +312,19 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
                             " over ", names[choice[p]]);
 }
 
-/// The transport over the registry's candidates.
-using Transport = BasicTransport<registry::Candidates>;
+// What the candidates are depends on CHORUS_WITH_RDMA (config.hpp: CHORUS_OPTIONS_NAMESPACE).
+inline namespace CHORUS_OPTIONS_NAMESPACE {
+
+/// The transport over the registry's candidates (chorus::DefaultTransport). A class rather than an
+/// alias, so that chorus/fwd.hpp can declare it and Communicator<Transport>'s symbols carry a short
+/// name that says the options: chorus::hybrid::with_rdma::Transport.
+class Transport : public BasicTransport<registry::Candidates> {
+ public:
+  using BasicTransport::BasicTransport;
+};
+
+}  // inline namespace CHORUS_OPTIONS_NAMESPACE
+
 using Link = Transport::Link;
 
 static_assert(chorus::Transport<Transport>);

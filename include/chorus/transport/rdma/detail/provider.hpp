@@ -15,9 +15,10 @@
 #include <mutex>
 #include <string>
 
+#include "chorus/config.hpp"
 #include "chorus/detail/env.hpp"
 #include "chorus/transport/rdma/detail/verbs.hpp"
-#if defined(CHORUS_WITH_RDMA)
+#if CHORUS_HAS_RDMA
 #include "chorus/transport/rdma/detail/ibverbs.hpp"
 #endif
 
@@ -36,6 +37,9 @@ inline FakeProviderOpener& fake_provider_opener() {
 
 }  // namespace detail
 
+// What the option changes (config.hpp: CHORUS_OPTIONS_NAMESPACE).
+inline namespace CHORUS_OPTIONS_NAMESPACE {
+
 /// Opens this process's provider; nullptr with `why` when none can be used.
 inline std::unique_ptr<Verbs> open_provider(std::string& why) {
   if (auto fabric = chorus::detail::env_string("CHORUS_IB_FAKE")) {
@@ -48,7 +52,7 @@ inline std::unique_ptr<Verbs> open_provider(std::string& why) {
           "not include chorus/testing/fake_verbs.hpp); unset CHORUS_IB_FAKE to use the RDMA device";
     return nullptr;
   }
-#if defined(CHORUS_WITH_RDMA)
+#if CHORUS_HAS_RDMA
   return open_ibverbs(why);
 #else
   why = "chorus was built without libibverbs (link the program with chorus::rdma)";
@@ -72,4 +76,5 @@ inline const std::string& local_fabric() {
   return fact;
 }
 
+}  // inline namespace CHORUS_OPTIONS_NAMESPACE
 }  // namespace chorus::rdma
