@@ -3,13 +3,18 @@
 /// Options for creating a communicator. Options::from_env() fills them the way chorus::init()
 /// does: from CHORUS_* variables and the launcher's variables (see docs/environment.md).
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "chorus/core/error.hpp"
 #include "chorus/detail/env.hpp"
+#include "chorus/detail/ifname.hpp"
 
 namespace chorus {
 
@@ -25,10 +30,18 @@ struct Options {
   std::shared_ptr<Store> store;
   /// "auto", "tcp", "shm", "rdma", "cuda_ipc" (CHORUS_TRANSPORT).
   std::string transport = "auto";
+  /// Transports that transport "auto" leaves out of its choice per pair (CHORUS_TRANSPORT_DISABLE,
+  /// like NCCL_IB_DISABLE, NCCL_SHM_DISABLE, NCCL_P2P_DISABLE): names of kTransportCandidates. A
+  /// pair goes over the first candidate that can connect it and that neither of its two ranks
+  /// disables, so ranks may differ (a host whose NIC is broken can leave rdma out on its own); a
+  /// pair that nothing left can connect is invalid_argument, and so is forcing (`transport`) a
+  /// disabled one. Transports other than "auto" (hybrid) ignore it.
+  std::vector<std::string> transport_disable;
   /// Bound on every wait (CHORUS_TIMEOUT, seconds). Default 300 s.
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
-  /// Interface whose address links listen on (CHORUS_SOCKET_IFNAME); empty: the one that
-  /// routes to MASTER_ADDR.
+  /// Interfaces whose address links listen on (CHORUS_SOCKET_IFNAME), as NCCL_SOCKET_IFNAME
+  /// reads them: "eth,ib" (name prefixes), "^docker,lo" (all but these), "=eth0" (exact names);
+  /// detail/ifname.hpp. Empty: the interface that routes to MASTER_ADDR.
   std::string socket_ifname;
   /// Shared secret for the connection handshake (CHORUS_JOB_TOKEN); empty: no authentication.
   std::string job_token;
@@ -39,7 +52,23 @@ struct Options {
   /// Forces the pipeline slice size in bytes (CHORUS_CHUNK_BYTES); 0: the cost model's.
   std::size_t chunk_bytes = 0;
 
-  /// Reads CHORUS_TRANSPORT, CHORUS_TIMEOUT, CHORUS_SOCKET_IFNAME, CHORUS_JOB_TOKEN. Rank, world
+  /// The transports `transport` may name besides "auto", and transport_disable may list: the
+  /// candidates of transport/registry.hpp (hybrid/transport.hpp checks that the two agree).
+  static constexpr std::array<std::string_view, 4> kTransportCandidates{"cuda_ipc", "shm", "rdma", "tcp"};
+
+  /// The names of a comma-separated transport list ("rdma,shm"); a name that is not one of
+  /// kTransportCandidates is invalid_argument naming `what` and the name.
+  static std::vector<std::string> parse_transport_list(std::string_view text, std::string_view what) {
+    std::vector<std::string> names = detail::split_list(text);
+    for (const auto& n : names)
+      if (std::find(kTransportCandidates.begin(), kTransportCandidates.end(), n) == kTransportCandidates.end())
+        throw Error(ErrorCode::invalid_argument, std::string(what) + "='" + std::string(text) + "': '" + n +
+                                                     "' is not one of cuda_ipc, shm, rdma, tcp");
+    return names;
+  }
+
+  /// Reads CHORUS_TRANSPORT, CHORUS_TRANSPORT_DISABLE, CHORUS_TIMEOUT, CHORUS_SOCKET_IFNAME,
+  /// CHORUS_JOB_TOKEN, CHORUS_ALGO, CHORUS_CHUNK_BYTES. Rank, world
   /// size and the init method are resolved at rendezvous (bootstrap/launch_env.hpp). A value that
   /// does not parse throws invalid_argument naming the variable.
   static Options from_env() {
@@ -57,7 +86,12 @@ struct Options {
       transport = *v;
     }
     if (auto v = detail::env_string("CHORUS_TIMEOUT")) timeout = detail::parse_seconds(*v, "CHORUS_TIMEOUT");
-    if (auto v = detail::env_string("CHORUS_SOCKET_IFNAME")) socket_ifname = *v;
+    if (auto v = detail::env_string("CHORUS_TRANSPORT_DISABLE"))
+      transport_disable = parse_transport_list(*v, "CHORUS_TRANSPORT_DISABLE");
+    if (auto v = detail::env_string("CHORUS_SOCKET_IFNAME")) {
+      (void)detail::InterfaceFilter::parse(*v);  // a value that does not parse fails here, not at connection
+      socket_ifname = *v;
+    }
     if (auto v = detail::env_string("CHORUS_JOB_TOKEN")) job_token = *v;
     if (auto v = detail::env_string("CHORUS_ALGO")) algorithm = *v;
     if (auto v = detail::env_string("CHORUS_CHUNK_BYTES")) {

@@ -10,7 +10,10 @@
 //   and ranks that wait inside a collective use (almost) no CPU;
 // * a rank killed mid-collective: the survivors get peer_failure within 5 s;
 // * transport=auto uses shm on one host and tcp across hosts (CHORUS_HOST_ID pretends), and a
-//   communicator mixing both works; transport=shm across hosts is invalid_argument.
+//   communicator mixing both works; transport=shm across hosts is invalid_argument;
+// * CHORUS_TRANSPORT_DISABLE takes transports out of auto's choice, also when only one rank sets
+//   it (its pairs leave them out at both ends); disabling all a pair could use, forcing a disabled
+//   one, or naming no transport is invalid_argument naming the pair, the variables or the name.
 #include "chorus/transport/shm/transport.hpp"
 
 #include <doctest/doctest.h>
@@ -24,6 +27,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <set>
 #include <span>
 #include <string>
@@ -417,6 +421,61 @@ TEST_CASE("auto: every rank on this host uses shm") {
     std::vector<float> v(1000, 1.0f);
     comm.all_reduce(std::span<float>(v), chorus::ReduceOp::sum);
     expect_eq(v[0], 3.0f, "sum");
+  }, process_options());
+}
+
+// CHORUS_TRANSPORT_DISABLE=shm on rank 0 only: its pairs go over tcp (at both ends, or the set-ups
+// would not meet), the others' over shm; collectives and p2p across both.
+TEST_CASE("auto: CHORUS_TRANSPORT_DISABLE on one rank takes shm out of its pairs") {
+  chorus::test::run_processes(3, [](int rank, chorus::Options o) {
+    ::unsetenv("CHORUS_HOST_ID");
+    if (rank == 0) ::setenv("CHORUS_TRANSPORT_DISABLE", "shm", 1);
+    o.apply_env();
+    auto comm = AutoComm::create(std::move(o));
+    for (int p = 0; p < 3; ++p)
+      if (p != rank)
+        expect_eq(std::string(comm.transport().link_kind(p)), std::string(p == 0 || rank == 0 ? "tcp" : "shm"),
+                  "link kind to " + std::to_string(p));
+    std::vector<double> v(70001, double(rank + 1));
+    comm.all_reduce(std::span<double>(v), chorus::ReduceOp::sum);
+    expect_eq(v[70000], 6.0, "all_reduce over shm and tcp");
+    std::vector<std::byte> out = pattern(1 << 18, rank), in(1 << 18);
+    Request s = comm.isend(out, (rank + 1) % 3, 0);
+    comm.recv(in, (rank + 2) % 3, 0);
+    s.wait();
+    check(in, (rank + 2) % 3, "256 KiB around the ring");
+  }, process_options());
+}
+
+TEST_CASE("auto: CHORUS_TRANSPORT_DISABLE that leaves a pair nothing, or that disables the forced one, is refused") {
+  chorus::test::run_processes(2, [](int rank, chorus::Options o) {
+    ::setenv("CHORUS_HOST_ID", rank == 0 ? "host-a" : "host-b", 1);  // shm and cuda_ipc cannot connect them
+    ::setenv("CHORUS_TRANSPORT_DISABLE", "rdma, tcp", 1);
+    chorus::Options none = o;
+    none.apply_env();
+    auto e = expect_error(ErrorCode::invalid_argument, [&] { (void)AutoComm::create(none); }, "tcp and rdma disabled");
+    const std::string what = e.what();
+    std::cerr << what << "\n";  // shown with CHORUS_TEST_VERBOSE=1
+    const std::string pair = "rank " + std::to_string(rank) + " and rank " + std::to_string(1 - rank);
+    for (const std::string& part : {pair, std::string("CHORUS_TRANSPORT_DISABLE"), std::string("tcp could"), std::string("'rdma,tcp'")})
+      expect(what.find(part) != std::string::npos, "'" + part + "' in: " + what);
+
+    ::setenv("CHORUS_TRANSPORT", "tcp", 1);
+    ::setenv("CHORUS_TRANSPORT_DISABLE", "tcp", 1);
+    chorus::Options forced = o;
+    forced.apply_env();
+    e = expect_error(ErrorCode::invalid_argument, [&] { (void)AutoComm::create(forced); }, "transport=tcp, tcp disabled");
+    std::cerr << e.what() << "\n";
+    expect(std::string(e.what()).find("CHORUS_TRANSPORT_DISABLE") != std::string::npos, e.what());
+
+    // Disabling rdma alone leaves tcp for the pair.
+    ::unsetenv("CHORUS_TRANSPORT");
+    ::setenv("CHORUS_TRANSPORT_DISABLE", "rdma", 1);
+    chorus::Options rest = o;
+    rest.apply_env();
+    auto comm = AutoComm::create(rest);
+    expect_eq(std::string(comm.transport().link_kind(1 - rank)), std::string("tcp"), "rdma disabled across hosts");
+    comm.barrier();
   }, process_options());
 }
 

@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The tcp transport's listening port meets strangers: garbage bytes, a handshake from another job
-// (wrong nonce), a wrong job token. Each is refused, and the job's own ranks still connect.
+// (wrong nonce), a wrong job token. Each is refused, and the job's own ranks still connect. And
+// the address the links listen on: IPv6 loopback, and the interface CHORUS_SOCKET_IFNAME picks.
 #include "chorus/transport/tcp/transport.hpp"
 
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -129,6 +133,47 @@ TEST_CASE("tcp links over IPv6 loopback") {
         comm.all_gather(v, all);
         for (int p = 0; p < 3; ++p) expect(all[p * 1000] == p && all[p * 1000 + 999] == p, "all_gather over IPv6");
       });
+}
+
+// CHORUS_SOCKET_IFNAME read by Options::apply_env: the prefix "lo" listens on loopback; "^lo" on
+// another interface of this host where it has one (and the ranks still connect over it); a
+// list that matches nothing fails the creation, naming the variable.
+TEST_CASE("tcp links listen on the interface CHORUS_SOCKET_IFNAME picks") {
+  const auto here = chorus::tcp::detail::interface_addresses();
+  const bool other = std::any_of(here.begin(), here.end(), [](const auto& a) { return a.name != "lo"; });
+  for (const std::string spec : {"lo", "^lo", "nosuch,alsonot"}) {
+    CAPTURE(spec);
+    if (spec == "^lo" && !other) {
+      MESSAGE("no interface but lo here: '^lo' skipped");
+      continue;
+    }
+    ::setenv("CHORUS_SOCKET_IFNAME", spec.c_str(), 1);
+    std::string rank0_where;
+    chorus::test::run_threads(2, [&](int rank, chorus::Options o) {
+      o.apply_env();
+      expect(o.socket_ifname == spec, "socket_ifname from the environment");
+      if (spec == "nosuch,alsonot") {
+        auto e = chorus::test::expect_error(
+            chorus::ErrorCode::invalid_argument,
+            [&] { (void)chorus::Communicator<chorus::tcp::Transport>::create(std::move(o)); }, "no interface matches");
+        expect(std::string(e.what()).find("CHORUS_SOCKET_IFNAME='nosuch,alsonot': no interface") != std::string::npos &&
+                   std::string(e.what()).find("'lo'") != std::string::npos,
+               e.what());
+        return;
+      }
+      auto store = o.store;
+      auto comm = chorus::Communicator<chorus::tcp::Transport>::create(std::move(o));
+      const std::string where = store->get("chorus/g1/comm/tcp/addr/" + std::to_string(rank), 20s);
+      const auto address = asio::ip::make_address(where.substr(0, where.rfind(' ')));
+      expect(address.is_loopback() == (spec == "lo"), "rank " + std::to_string(rank) + " listens on " + where);
+      if (rank == 0) rank0_where = where;
+      std::vector<int> v(1000, rank), all(2000);
+      comm.all_gather(v, all);
+      expect(all[0] == 0 && all[1999] == 1, "all_gather over the chosen interface");
+    });
+    ::unsetenv("CHORUS_SOCKET_IFNAME");
+    if (!rank0_where.empty()) MESSAGE("CHORUS_SOCKET_IFNAME=" << spec << ": rank 0 listens on " << rank0_where);
+  }
 }
 
 }  // namespace transport_test_tcp_handshake

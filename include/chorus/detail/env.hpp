@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "chorus/core/error.hpp"
 
@@ -55,6 +56,21 @@ inline std::uint64_t parse_bytes(std::string_view text, std::string_view what) {
   }
   auto v = parse_int(num, what, 0, std::int64_t(1) << 50);
   return static_cast<std::uint64_t>(v) * mult;
+}
+
+/// The entries of a comma-separated list ("rdma, shm" gives rdma and shm): spaces around an entry
+/// are dropped, and so are empty entries.
+inline std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> out;
+  while (true) {
+    const auto comma = text.find(',');
+    std::string_view e = text.substr(0, comma);
+    while (!e.empty() && e.front() == ' ') e.remove_prefix(1);
+    while (!e.empty() && e.back() == ' ') e.remove_suffix(1);
+    if (!e.empty()) out.emplace_back(e);
+    if (comma == std::string_view::npos) return out;
+    text.remove_prefix(comma + 1);
+  }
 }
 
 /// Seconds as a decimal number ("300", "0.5"), strictly positive.

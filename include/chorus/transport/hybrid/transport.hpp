@@ -6,6 +6,11 @@
 /// - a candidate's name: that candidate serves every pair, and a pair it cannot connect is an
 ///   invalid_argument error naming the peer and the candidates that could;
 /// - anything else is unsupported here.
+/// Options::transport_disable (CHORUS_TRANSPORT_DISABLE) takes candidates out of the "auto" choice:
+/// a pair goes over the first candidate that can connect it and that neither of its ranks
+/// disables (each rank publishes its list with its host), and a pair that none left can connect
+/// is an invalid_argument error naming the peer and the variable; forcing a disabled candidate is
+/// invalid_argument too.
 ///
 /// can_connect reads the PeerInfo (transport/peer_info.hpp) that every rank publishes in the store at
 /// construction, so both ends of each pair choose alike: its host, and the fact of each candidate
@@ -191,6 +196,10 @@ class BasicTransport<registry::List<Ts...>> {
 
  private:
   static constexpr std::size_t kCount = sizeof...(Ts);
+  // Options::transport_disable is checked against Options::kTransportCandidates, so every
+  // candidate must be named there.
+  static_assert(((std::ranges::find(Options::kTransportCandidates, Ts::kName) != Options::kTransportCandidates.end()) && ...),
+                "a transport of the registry is missing from Options::kTransportCandidates");
 
   int rank_;
   int size_;
@@ -222,6 +231,21 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
                   "transport '" + mode + "' is not available to this communicator (" +
                       listed("auto", [](std::size_t) { return true; }, " and ") + " are)");
   }
+  // The candidates this rank disables, and the same as text (registry order) for the peers.
+  std::array<bool, kCount> disabled{};
+  std::string disabled_text;
+  for (const auto& d : b.options.transport_disable) {
+    const auto i = static_cast<std::size_t>(std::find(names.begin(), names.end(), d) - names.begin());
+    if (i < kCount) disabled[i] = true;
+    else if (std::ranges::find(Options::kTransportCandidates, d) == Options::kTransportCandidates.end())
+      throw Error(ErrorCode::invalid_argument, ctx, "transport_disable: '" + d + "' is not one of cuda_ipc, shm, rdma, tcp");
+  }
+  for (std::size_t i = 0; i < kCount; ++i)
+    if (disabled[i]) disabled_text += (disabled_text.empty() ? "" : ",") + std::string(names[i]);
+  if (forced < kCount && disabled[forced])
+    throw Error(ErrorCode::invalid_argument, ctx,
+                "transport=" + mode + " (CHORUS_TRANSPORT) is also disabled (CHORUS_TRANSPORT_DISABLE=" + disabled_text +
+                    "): force another transport, or leave " + mode + " out of the disabled ones");
   const auto n = static_cast<std::size_t>(size_);
   peers.resize(n, false);
   peers[static_cast<std::size_t>(rank_)] = false;
@@ -229,7 +253,8 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   // One deadline for all peers: the whole exchange is bounded by the timeout, not each get.
   const auto deadline = std::chrono::steady_clock::now() + b.options.timeout;
   PeerInfo me{rank_, chorus::detail::host_id(ctx), {}};
-  b.store->set("hybrid/host/" + std::to_string(rank_), me.host);
+  // "<disabled>\n<host>": the disabled names never hold a newline, a host id may.
+  b.store->set("hybrid/host/" + std::to_string(rank_), disabled_text + "\n" + me.host);
   // The facts of the candidates that publish one (in registry order; "" for none).
   [[maybe_unused]] auto fact_key = [](std::string_view name, int r) {
     return "hybrid/fact/" + std::string(name) + "/" + std::to_string(r);
@@ -259,7 +284,10 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   for (int p = 0; p < size_; ++p) {
     if (!peers[static_cast<std::size_t>(p)]) continue;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    PeerInfo peer{p, b.store->get("hybrid/host/" + std::to_string(p), std::max(left, std::chrono::milliseconds(1))), {}};
+    std::string host = b.store->get("hybrid/host/" + std::to_string(p), std::max(left, std::chrono::milliseconds(1)));
+    const std::string peer_disabled = host.substr(0, host.find('\n'));
+    host.erase(0, std::min(host.size(), peer_disabled.size() + 1));
+    PeerInfo peer{p, std::move(host), {}};
     for (const auto& [name, mine] : me.facts) {
       const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       peer.facts.emplace_back(name, b.store->get(fact_key(name, p), std::max(wait, std::chrono::milliseconds(1))));
@@ -267,9 +295,22 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
     const std::array<bool, kCount> can{Ts::can_connect(me, peer)...};
     std::size_t c = forced;
     if (forced == kCount) {
-      c = static_cast<std::size_t>(std::find(can.begin(), can.end(), true) - can.begin());
-      if (c == kCount)  // the registry's last candidate connects any pair
-        throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"}, "no transport connects this peer");
+      // What either end disables is out, so both ends choose alike.
+      std::array<bool, kCount> out = disabled;
+      for (const auto& d : chorus::detail::split_list(peer_disabled))
+        for (std::size_t i = 0; i < kCount; ++i) out[i] = out[i] || names[i] == d;
+      c = 0;
+      while (c < kCount && !(can[c] && !out[c])) ++c;
+      if (c == kCount) {  // the registry's last candidate connects any pair, unless disabled
+        std::string could;
+        for (std::size_t i = 0; i < kCount; ++i)
+          if (can[i]) could += (could.empty() ? "" : ", ") + std::string(names[i]);
+        throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"},
+                    "no transport is left to connect rank " + std::to_string(rank_) + " and rank " + std::to_string(p) +
+                        ": " + could + " could, but CHORUS_TRANSPORT_DISABLE leaves them out (rank " +
+                        std::to_string(rank_) + ": '" + disabled_text + "', rank " + std::to_string(p) + ": '" +
+                        peer_disabled + "')");
+      }
     } else if (!can[forced]) {
       throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"},
                   "transport=" + mode + ", but rank " + std::to_string(p) +
@@ -304,7 +345,8 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   std::string summary;
   for (std::size_t i = 0; i < kCount; ++i)
     summary += (i == 0 ? "" : ", ") + std::to_string(count[i]) + (i == 0 ? " peers over " : " over ") + std::string(names[i]);
-  chorus::detail::log(chorus::detail::LogLevel::info, rank_, "transport ", mode, ": ", summary);
+  chorus::detail::log(chorus::detail::LogLevel::info, rank_, "transport ", mode,
+                      disabled_text.empty() ? std::string() : " without " + disabled_text, ": ", summary);
   if (chorus::detail::log_enabled(chorus::detail::LogLevel::info))
     for (std::size_t p = 0; p < n; ++p)
       if (choice[p] != kCount)

@@ -7,13 +7,17 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "chorus/bootstrap/launch_env.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/detail/asio.hpp"
 #include "chorus/detail/env.hpp"
+#include "chorus/detail/ifname.hpp"
 #include "chorus/detail/keepalive.hpp"
 #include "chorus/options.hpp"
 
@@ -22,28 +26,55 @@ namespace chorus::tcp::detail {
 namespace asio = chorus::detail::asio;
 using chorus::detail::asio_tcp;
 
-/// The first address of interface `ifname` (IPv4 preferred), or invalid_argument.
-inline asio::ip::address interface_address(const std::string& ifname) {
+/// One IP address of one interface.
+struct InterfaceAddress {
+  std::string name;
+  asio::ip::address address;
+};
+
+/// Every IP address of every interface of this host, in the kernel's order (getifaddrs).
+inline std::vector<InterfaceAddress> interface_addresses() {
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) throw chorus::detail::system_error({}, "getifaddrs");
-  std::optional<asio::ip::address> v4, v6;
+  std::vector<InterfaceAddress> out;
   for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || ifname != a->ifa_name) continue;
-    if (a->ifa_addr->sa_family == AF_INET && !v4) {
+    if (a->ifa_addr == nullptr) continue;
+    if (a->ifa_addr->sa_family == AF_INET) {
       const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
-      v4 = asio::ip::address_v4(ntohl(in->sin_addr.s_addr));
-    } else if (a->ifa_addr->sa_family == AF_INET6 && !v6) {
+      out.push_back({a->ifa_name, asio::ip::address_v4(ntohl(in->sin_addr.s_addr))});
+    } else if (a->ifa_addr->sa_family == AF_INET6) {
       const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
       asio::ip::address_v6::bytes_type b;
       std::memcpy(b.data(), &in6->sin6_addr, b.size());
-      v6 = asio::ip::address_v6(b, in6->sin6_scope_id);
+      out.push_back({a->ifa_name, asio::ip::address_v6(b, in6->sin6_scope_id)});
     }
   }
   ::freeifaddrs(list);
-  if (v4) return *v4;
-  if (v6) return *v6;
-  throw Error(ErrorCode::invalid_argument,
-              "CHORUS_SOCKET_IFNAME='" + ifname + "': no interface of that name with an IP address");
+  return out;
+}
+
+/// The address to listen on for CHORUS_SOCKET_IFNAME=`spec` (chorus/detail/ifname.hpp) among
+/// `list`: of the addresses of the interfaces it keeps, one of an interface the list names exactly
+/// first (so "eth0" is eth0 where eth0.100 exists), then IPv4 before IPv6, then the kernel's
+/// order. invalid_argument naming the variable and the interfaces there are when it keeps none.
+inline asio::ip::address choose_interface(const std::string& spec, const std::vector<InterfaceAddress>& list) {
+  const auto filter = chorus::detail::InterfaceFilter::parse(spec);
+  const InterfaceAddress* best = nullptr;
+  auto rank = [&](const InterfaceAddress& a) { return std::tuple(!filter.named(a.name), !a.address.is_v4()); };
+  for (const auto& a : list)
+    if (filter.matches(a.name) && (best == nullptr || rank(a) < rank(*best))) best = &a;
+  if (best != nullptr) return best->address;
+  std::string there;
+  for (const auto& a : list)
+    if (there.find("'" + a.name + "'") == std::string::npos) there += (there.empty() ? "'" : ", '") + a.name + "'";
+  throw Error(ErrorCode::invalid_argument, "CHORUS_SOCKET_IFNAME='" + spec +
+                                               "': no interface with an IP address matches (interfaces with one here: " +
+                                               (there.empty() ? std::string("none") : there) + ")");
+}
+
+/// The address of this host that CHORUS_SOCKET_IFNAME=`spec` picks (choose_interface).
+inline asio::ip::address interface_address(const std::string& spec) {
+  return choose_interface(spec, interface_addresses());
 }
 
 /// The host ranks rendezvous at: from tcp://host:port, else MASTER_ADDR (or its default under
