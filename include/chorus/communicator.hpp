@@ -28,6 +28,7 @@
 #include <ranges>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "chorus/core/buffer.hpp"
@@ -75,6 +76,10 @@ struct MemoryStats {
   std::string to_string() const;
 };
 
+/// The color of a rank that joins no group in Communicator::split (NCCL_SPLIT_NOCOLOR,
+/// MPI_UNDEFINED): it takes part in the call and gets back a communicator that is not valid().
+inline constexpr int kSplitNoColor = -1;
+
 template <class T>
 class Communicator {
   // The concept is checked here rather than in the template head, so that chorus/fwd.hpp can
@@ -91,6 +96,11 @@ class Communicator {
   Communicator(Communicator&&) noexcept = default;
   Communicator& operator=(Communicator&&) noexcept = default;
   ~Communicator();
+
+  /// False for what split(kSplitNoColor, key) returns (like MPI_COMM_NULL, or the null
+  /// communicator of ncclCommSplit) and for a communicator moved from: every call on it but
+  /// valid(), abort() and finalize() (which do nothing) throws invalid_argument.
+  bool valid() const noexcept { return s_ != nullptr; }
 
   int rank() const;
   int size() const;
@@ -276,8 +286,15 @@ class Communicator {
   std::optional<Error> async_error() const;
 
   /// A sub-group, like MPI_Comm_split / ncclCommSplit: ranks with the same color (>= 0) form one
-  /// communicator, ordered by (key, rank). Collective over this communicator. The new
-  /// communicator shares this one's links and runs concurrently with it without interference.
+  /// communicator, ordered by (key, rank). Collective over this communicator: every rank calls
+  /// it, a rank that joins no group too, with color kSplitNoColor; that rank gets back a
+  /// communicator that is not valid() (see there). Another negative color is invalid_argument.
+  /// The new communicator shares this one's links and runs concurrently with it without
+  /// interference.
+  ///
+  ///   // The first four ranks form a group; the others join none.
+  ///   auto first4 = comm.split(comm.rank() < 4 ? 0 : chorus::kSplitNoColor, comm.rank());
+  ///   if (first4.valid()) first4.all_reduce(v, chorus::ReduceOp::sum);
   Communicator split(int color, int key);
 
   /// Fails every pending and later operation of this communicator with `aborted` here and
@@ -304,6 +321,8 @@ class Communicator {
  private:
   struct State;
   explicit Communicator(std::unique_ptr<State> s);
+  /// The state, or invalid_argument naming `op` where this communicator is not valid().
+  State& live(std::string_view op) const;
 
   template <class R>
   static constexpr DataType dtype_of() {

@@ -5,6 +5,8 @@
 //   - key = -rank reverses the order: sub.rank(), and a broadcast from sub-rank 0 comes from the
 //     last parent rank;
 //   - a split of a split;
+//   - ranks that join no group (kSplitNoColor) take part in the call and get a communicator that
+//     is not valid(), whose calls throw invalid_argument; later splits still match up;
 //   - a sub-communicator and its parent used at the same time from two threads of each rank, and
 //     from one thread with async calls on both;
 //   - several collectives in flight on one communicator, waited in reverse order: they run (and
@@ -182,12 +184,51 @@ TEST_CASE_TEMPLATE("split: a split of a split", T, Inproc, Tcp) {
   });
 }
 
-TEST_CASE_TEMPLATE("split: a negative color is invalid_argument and the communicator goes on", T, Inproc,
-                   Tcp) {
+TEST_CASE_TEMPLATE("split: a negative color other than kSplitNoColor is invalid_argument and the communicator goes on",
+                   T, Inproc, Tcp) {
+  static_assert(chorus::kSplitNoColor == -1);  // as NCCL_SPLIT_NOCOLOR
   run_world<T>(3, [](int, auto& comm) {
     chorus::test::expect_error(
-        chorus::ErrorCode::invalid_argument, [&] { (void)comm.split(-1, 0); }, "split(-1, 0)");
+        chorus::ErrorCode::invalid_argument, [&] { (void)comm.split(-2, 0); }, "split(-2, 0)");
     checked_all_reduce<float>(comm, 1, 10, ReduceOp::sum, "all_reduce after the failed split");
+  });
+}
+
+TEST_CASE_TEMPLATE("split: ranks with kSplitNoColor join no group and get a communicator that is not valid", T,
+                   Inproc, Tcp) {
+  run_world<T>(5, [](int rank, auto& comm) {
+    // Ranks 1 and 3 join no group; 0, 2 and 4 form one, in reverse order.
+    const bool none = rank == 1 || rank == 3;
+    auto sub = comm.split(none ? chorus::kSplitNoColor : 0, -rank);
+    expect_eq(sub.valid(), !none, "sub.valid()");
+    if (none) {
+      using chorus::ErrorCode;
+      auto e = chorus::test::expect_error(ErrorCode::invalid_argument, [&] { (void)sub.rank(); }, "rank() on no group");
+      expect(std::string(e.what()).find("kSplitNoColor") != std::string::npos, e.what());
+      chorus::test::expect_error(ErrorCode::invalid_argument, [&] { (void)sub.size(); }, "size() on no group");
+      chorus::test::expect_error(ErrorCode::invalid_argument, [&] { sub.barrier(); }, "barrier() on no group");
+      std::vector<float> v(8, 1.0f);
+      chorus::test::expect_error(ErrorCode::invalid_argument, [&] { sub.all_reduce(std::span<float>(v), ReduceOp::sum); },
+                                 "all_reduce on no group");
+      chorus::test::expect_error(ErrorCode::invalid_argument, [&] { (void)sub.isend(v, 0, 0); }, "isend on no group");
+      chorus::test::expect_error(ErrorCode::invalid_argument, [&] { (void)sub.split(0, 0); }, "split on no group");
+      sub.finalize();  // nothing to wait for
+      sub.abort();     // nothing to abort
+    } else {
+      expect_eq(sub.size(), 3, "sub.size()");
+      expect_eq(sub.rank(), (4 - rank) / 2, "sub.rank()");
+      const std::vector<std::int32_t> m = members(sub, rank);
+      for (int k = 0; k < 3; ++k) expect_eq(m[k], 4 - 2 * k, "member " + std::to_string(k));
+      checked_all_reduce<float>(sub, 7, 301, ReduceOp::sum, "all_reduce on the group");
+    }
+    // Every rank in no group: all get one that is not valid.
+    auto nobody = comm.split(chorus::kSplitNoColor, rank);
+    expect(!nobody.valid(), "every rank with kSplitNoColor");
+    // Later splits still pair up (the ranks in no group counted the splits too), and the parent works.
+    auto all = comm.split(0, rank);
+    expect_eq(all.size(), 5, "all.size() after splits with kSplitNoColor");
+    checked_all_gather<std::int32_t>(all, 8, 13, "all_gather after splits with kSplitNoColor");
+    checked_all_reduce<double>(comm, 9, 57, ReduceOp::max, "parent all_reduce after the splits");
   });
 }
 

@@ -71,6 +71,15 @@ Communicator<T> Communicator<T>::create(Options options) {
 template <class T>
 Communicator<T>::Communicator(std::unique_ptr<State> s) : s_(std::move(s)) {}
 
+template <class T>
+typename Communicator<T>::State& Communicator<T>::live(std::string_view op) const {
+  if (!s_)
+    throw Error(ErrorCode::invalid_argument, std::string(op) +
+                                                 ": this communicator is not valid (split() with kSplitNoColor gave "
+                                                 "it to a rank in no group, or it was moved from)");
+  return *s_;
+}
+
 /// Never waits for peers: work still pending is aborted (see communicator.hpp).
 template <class T>
 Communicator<T>::~Communicator() {
@@ -109,6 +118,7 @@ void Communicator<T>::abort_with(const Error& why) {
 
 template <class T>
 void Communicator<T>::finalize() {
+  if (!s_) return;  // not valid(): nothing pending
   State& st = *s_;
   std::unique_lock lk(st.call_mu);
   if (st.exec.pending() == 0) return;
@@ -130,21 +140,22 @@ void Communicator<T>::finalize() {
 
 template <class T>
 int Communicator<T>::rank() const {
-  return s_->group.rank;
+  return live("rank").group.rank;
 }
 
 template <class T>
 int Communicator<T>::size() const {
-  return s_->group.size();
+  return live("size").group.size();
 }
 
 template <class T>
 const Options& Communicator<T>::options() const {
-  return s_->boot.options;
+  return live("options").boot.options;
 }
 
 template <class T>
 void Communicator<T>::set_device_runtime(device::Runtime* runtime) {
+  (void)live("set_device_runtime");
   std::lock_guard lk(s_->call_mu);
   if (s_->device_exec && runtime != s_->runtime)
     throw Error(ErrorCode::invalid_argument, s_->ctx(-1, "set_device_runtime"),
@@ -153,17 +164,18 @@ void Communicator<T>::set_device_runtime(device::Runtime* runtime) {
 }
 template <class T>
 device::Runtime* Communicator<T>::device_runtime() const {
-  return s_->runtime;
+  return live("device_runtime").runtime;
 }
 template <class T>
 std::optional<Error> Communicator<T>::async_error() const {
+  (void)live("async_error");
   std::lock_guard g(s_->async_mu);
   return s_->async_error;
 }
 
 template <class T>
 MemoryStats Communicator<T>::memory_stats() const {
-  return s_->memory_stats();
+  return live("memory_stats").memory_stats();
 }
 
 inline std::string MemoryStats::to_string() const {
@@ -180,16 +192,17 @@ inline std::string MemoryStats::to_string() const {
 
 template <class T>
 T& Communicator<T>::transport() {
-  return *s_->transport;
+  return *live("transport").transport;
 }
 
 template <class T>
 algo::TransportModel Communicator<T>::cost_model() const {
-  return s_->plan_inputs.model;
+  return live("cost_model").plan_inputs.model;
 }
 
 template <class T>
 Request Communicator<T>::isend_bytes(ConstBytes data, int peer, int tag) {
+  (void)live("send");
   detail::check_p2p_args(rank(), size(), peer, tag, "send");
   s_->refuse_device(data.data, data.size, peer, "send");
   return s_->transport->link(s_->group.members[peer]).isend(data, s_->group.context | static_cast<Tag>(tag));
@@ -197,6 +210,7 @@ Request Communicator<T>::isend_bytes(ConstBytes data, int peer, int tag) {
 
 template <class T>
 Request Communicator<T>::irecv_bytes(MutableBytes data, int peer, int tag) {
+  (void)live("recv");
   detail::check_p2p_args(rank(), size(), peer, tag, "recv");
   s_->refuse_device(data.data, data.size, peer, "recv");
   return s_->transport->link(s_->group.members[peer]).irecv(data, s_->group.context | static_cast<Tag>(tag));
@@ -316,6 +330,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
 template <class T>
 Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt,
                                ReduceOp op, int root, bool async, const device::Stream* stream) {
+  (void)live(algo::to_string(kind));
   detail::check_collective_args(kind, in, out, count, dt, op, root, rank(), size());
   algo::CollectiveDesc d;
   d.kind = kind;
@@ -394,6 +409,7 @@ Request Communicator<T>::barrier_async() {
 
 template <class T>
 void Communicator<T>::abort() {
+  if (!s_) return;  // not valid(): nothing to abort
   abort_with(Error(ErrorCode::aborted, s_->ctx(-1, "abort"), "communicator aborted by the user"));
 }
 

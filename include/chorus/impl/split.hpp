@@ -16,13 +16,19 @@ namespace chorus {
 
 template <class T>
 Communicator<T> Communicator<T>::split(int color, int key) {
-  State& st = *s_;
-  if (color < 0)
-    throw Error(ErrorCode::invalid_argument, st.ctx(-1, "split"), "color must be non-negative (got " + std::to_string(color) + ")");
+  State& st = live("split");
+  if (color < 0 && color != kSplitNoColor)
+    throw Error(ErrorCode::invalid_argument, st.ctx(-1, "split"),
+                "color must be non-negative, or kSplitNoColor (" + std::to_string(kSplitNoColor) + ") for no group (got " +
+                    std::to_string(color) + ")");
   // 1. Everyone learns everyone's (color, key) through an all-gather on this communicator.
   const int n = size();
   std::vector<std::int64_t> mine = {color, key}, all(2 * static_cast<std::size_t>(n));
   all_gather(mine, all);
+  if (color == kSplitNoColor) {  // in no group: nothing more to take part in
+    ++st.split_seq;              // (the others' key names count this split too)
+    return Communicator(nullptr);
+  }
   // 2. My group: the ranks of my color, ordered by (key, rank).
   std::vector<std::tuple<std::int64_t, int>> order;
   for (int r = 0; r < n; ++r)
