@@ -59,8 +59,8 @@ Communicator<T> Communicator<T>::create(Options options) {
   s->runtime = device::default_runtime();
   s->make_recorder();
   s->watch_for_errors();
-  if (detail::log_enabled(detail::LogLevel::info))
-    detail::log(detail::LogLevel::info, s->boot.rank, "communicator ready (chorus ", version().string, "): ", s->boot.size,
+  if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::init))
+    detail::log(detail::LogLevel::info, detail::LogSubsys::init, s->boot.rank, "communicator ready (chorus ", version().string, "): ", s->boot.size,
                 " ranks over ", T::kName,
                 "; device buffers: ",
                 s->plan_inputs.ipc ? "direct reads of every peer's memory (cuda_ipc)" : "staged through pinned host memory",
@@ -84,15 +84,15 @@ typename Communicator<T>::State& Communicator<T>::live(std::string_view op) cons
 template <class T>
 Communicator<T>::~Communicator() {
   if (!s_) return;  // moved from
-  if (detail::log_enabled(detail::LogLevel::info))
-    detail::log(detail::LogLevel::info, rank(), "communicator destroyed after ", s_->recorder->entered(),
+  if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::init))
+    detail::log(detail::LogLevel::info, detail::LogSubsys::init, rank(), "communicator destroyed after ", s_->recorder->entered(),
                 " collectives; memory: ", s_->memory_stats().to_string());
   const int pending = s_->exec.pending();
   if (pending == 0) {
     s_->release_windows();
     return;
   }
-  detail::log(detail::LogLevel::warn, rank(), "communicator destroyed with ", pending,
+  detail::log(detail::LogLevel::warn, detail::LogSubsys::init, rank(), "communicator destroyed with ", pending,
               " operation(s) pending: they fail with `aborted` (call finalize() first to wait for them)");
   abort_with(Error(ErrorCode::aborted, s_->ctx(-1, "~Communicator"),
                    "the communicator was destroyed with " + std::to_string(pending) +
@@ -246,8 +246,8 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   const algo::Choice choice = plan.choice;
   const bool direct = plan.direct;
   args.slice_bytes = choice.slice_bytes;
-  if (detail::log_enabled(detail::LogLevel::info))
-    detail::log(detail::LogLevel::info, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
+  if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::coll))
+    detail::log(detail::LogLevel::info, detail::LogSubsys::coll, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
                 ", slices of ", choice.slice_bytes, " bytes");
 
   auto task = [&st, desc, args, choice, ticket, direct] {

@@ -37,12 +37,12 @@
 #include <vector>
 
 #include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/config.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/cost_model.hpp"
 #include "chorus/transport/peer_info.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/device/runtime.hpp"
-#include "chorus/config.hpp"
 #include "chorus/transport/registry.hpp"
 
 namespace chorus::hybrid {
@@ -345,12 +345,12 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   std::string summary;
   for (std::size_t i = 0; i < kCount; ++i)
     summary += (i == 0 ? "" : ", ") + std::to_string(count[i]) + (i == 0 ? " peers over " : " over ") + std::string(names[i]);
-  chorus::detail::log(chorus::detail::LogLevel::info, rank_, "transport ", mode,
+  chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::transport, rank_, "transport ", mode,
                       disabled_text.empty() ? std::string() : " without " + disabled_text, ": ", summary);
-  if (chorus::detail::log_enabled(chorus::detail::LogLevel::info))
+  if (chorus::detail::log_enabled(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::transport))
     for (std::size_t p = 0; p < n; ++p)
       if (choice[p] != kCount)
-        chorus::detail::log(chorus::detail::LogLevel::info, rank_, "transport ", mode, ": rank ", rank_, " <-> rank ", p,
+        chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::transport, rank_, "transport ", mode, ": rank ", rank_, " <-> rank ", p,
                             " over ", names[choice[p]]);
 }
 
