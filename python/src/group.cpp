@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include <pybind11/pybind11.h>
+
 #include "arguments.hpp"
 #include "comm.hpp"
 #include "store_adapter.hpp"
@@ -29,13 +31,21 @@ ProcessGroupChorus::Impl::Impl(const c10::intrusive_ptr<c10d::Store>& store, int
 }
 
 ProcessGroupChorus::Impl::~Impl() {
+  // The dispatcher issues whatever is still queued, then stops; finalize() lets what was issued
+  // finish (as gloo and NCCL finish queued work before they go), each call bounded by the group's
+  // timeout, rather than aborting it under peers that are still in it. Its errors belong to the
+  // Works (nobody waited for them); the communicator's destructor then aborts what is left.
   {
     std::lock_guard lk(queue_mu);
     stopping = true;
   }
   queue_cv.notify_all();
   dispatcher.join();
-  // Whatever is still queued never ran: fail it (the communicator goes with this object).
+  try {
+    comm->finalize();
+  } catch (const std::exception&) {
+  }
+  // Nothing is queued now (the dispatcher drained it); a Work queued all the same never ran.
   std::deque<c10::intrusive_ptr<ChorusWork>> left;
   {
     std::lock_guard lk(queue_mu);
@@ -82,12 +92,14 @@ void ProcessGroupChorus::Impl::drain(ChorusWork* target) {
 
 void ProcessGroupChorus::Impl::dispatch_loop() {
   for (;;) {
+    bool stop = false;
     {
       std::unique_lock lk(queue_mu);
       queue_cv.wait(lk, [&] { return stopping || !queue.empty(); });
-      if (stopping) return;
+      stop = stopping;
     }
-    drain(nullptr);
+    drain(nullptr);  // on stopping too: what was queued before the group went still runs
+    if (stop) return;
   }
 }
 
@@ -114,6 +126,21 @@ ProcessGroupChorus::ProcessGroupChorus(const Ptr<c10d::Store>& store, int rank, 
                                        std::chrono::milliseconds timeout)
     : ProcessGroup(rank, size), impl_(std::make_unique<Impl>(store, rank, size, timeout)) {}
 
-ProcessGroupChorus::~ProcessGroupChorus() = default;
+// Destruction waits for the group's threads (the dispatcher, the communicator's worker and
+// progress threads), and those may need the GIL: a thread that drops the last reference to a
+// tensor whose Python object the program has already dropped (torch then keeps the object alive
+// from C++) takes the GIL to free it. torch.distributed destroys a group from Python
+// (destroy_process_group, or the last reference going), holding the GIL: waiting with it held
+// would deadlock, so it is released for the wait. Not while the interpreter finalizes: a thread
+// that takes the GIL then is ended by Python mid-destructor (a program that never called
+// destroy_process_group; its groups go with the module globals).
+ProcessGroupChorus::~ProcessGroupChorus() {
+  if (Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check()) {
+    pybind11::gil_scoped_release nogil;
+    impl_.reset();
+  } else {
+    impl_.reset();
+  }
+}
 
 }  // namespace chorus_torch

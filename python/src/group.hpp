@@ -51,7 +51,9 @@ struct ProcessGroupChorus::Impl {
 
   /// Meets the peers through `store` (a rendezvous) and starts the dispatcher.
   Impl(const c10::intrusive_ptr<c10d::Store>& store, int r, int n, std::chrono::milliseconds timeout);
-  /// Stops the dispatcher and fails whatever is still queued.
+  /// Issues whatever is still queued, stops the dispatcher, and waits for the communicator's
+  /// pending calls (finalize(), each bounded by the timeout) before it goes. The caller must not
+  /// hold the GIL (see ~ProcessGroupChorus).
   ~Impl();
 
   c10::intrusive_ptr<ChorusWork> make(c10d::OpType type, std::string what, std::vector<at::Tensor> outputs,
