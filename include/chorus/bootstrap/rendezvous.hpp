@@ -10,11 +10,10 @@
 #include <string>
 
 #include "chorus/bootstrap/store.hpp"
+#include "chorus/detail/handshake/wire.hpp"  // JobNonce
 #include "chorus/options.hpp"
 
 namespace chorus {
-
-using JobNonce = std::array<std::uint8_t, 16>;
 
 struct Bootstrap {
   int rank = -1;

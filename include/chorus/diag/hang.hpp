@@ -46,20 +46,6 @@ class HangWatch {
   /// The call `seq` stalled at least once (its progress was published).
   bool stalled(std::uint64_t seq) const { return stall_seq_ == seq; }
 
-  /// The store key where group rank `rank` publishes `what` (its history or its progress).
-  std::string published_key(std::string_view what, int rank) const {
-    return "chorus/" + std::string(what) + "/" + std::to_string(context_ >> detail::kContextShift) + "/" +
-           std::to_string(members_[static_cast<std::size_t>(rank)]);
-  }
-  std::string history_key(int rank) const { return published_key("history", rank); }
-  std::string progress_key(int rank) const { return published_key("progress", rank); }
-
-  /// Wall-clock milliseconds since the epoch (the times published in the store).
-  static std::int64_t epoch_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
-
   /// A wait stalled (called every kStallCheck while it does): now and then, publish this rank's
   /// progress and cross-check the call (see stall_next_).
   void stall(const algo::CollectiveDesc& mine) {
@@ -75,14 +61,6 @@ class HangWatch {
     }
     stall_next_ = now + stall_gap_;
     cross_check(mine);  // publishes this rank's progress too
-  }
-
-  /// "entered E completed C at T": calls this rank has started and completed, and the wall time
-  /// in milliseconds since the epoch; read by a rank that times out (late_ranks()).
-  void publish_progress() {
-    store_->set_within(progress_key(rank_), "entered " + std::to_string(recorder_->entered()) + " completed " +
-                                                  std::to_string(recorder_->completed()) + " at " + std::to_string(epoch_ms()),
-                           failure_bound());
   }
 
   /// The bound of each call on a failure path (store calls, notices): a few seconds, never more
@@ -146,6 +124,29 @@ class HangWatch {
     return s;
   }
 
+ private:
+  /// The store key where group rank `rank` publishes `what` (its history or its progress).
+  std::string published_key(std::string_view what, int rank) const {
+    return "chorus/" + std::string(what) + "/" + std::to_string(context_ >> detail::kContextShift) + "/" +
+           std::to_string(members_[static_cast<std::size_t>(rank)]);
+  }
+  std::string history_key(int rank) const { return published_key("history", rank); }
+  std::string progress_key(int rank) const { return published_key("progress", rank); }
+
+  /// Wall-clock milliseconds since the epoch (the times published in the store).
+  static std::int64_t epoch_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  /// "entered E completed C at T": calls this rank has started and completed, and the wall time
+  /// in milliseconds since the epoch; read by a rank that times out (late_ranks()).
+  void publish_progress() {
+    store_->set_within(progress_key(rank_), "entered " + std::to_string(recorder_->entered()) + " completed " +
+                                                  std::to_string(recorder_->completed()) + " at " + std::to_string(epoch_ms()),
+                           failure_bound());
+  }
+
   /// A wait stalled: publish this rank's progress and recent collectives in the store and
   /// compare the current one with what the others published for it (mismatch::cross_check).
   void cross_check(const algo::CollectiveDesc& mine) {
@@ -156,7 +157,6 @@ class HangWatch {
                           [this] { publish_progress(); });
   }
 
- private:
   /// The stall cross-check of the running call: its sequence number and when it may run next
   /// (200 ms after the stall began, then at doubling gaps up to 5 s: a long hang costs the store
   /// a write per rank every 5 s, not every 200 ms). Used by the thread that runs the call.

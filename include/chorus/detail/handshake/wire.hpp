@@ -18,8 +18,8 @@
 
 namespace chorus {
 
-/// The job's random nonce (also declared, identically, in bootstrap/rendezvous.hpp; a C++ alias
-/// may be redeclared to the same type, so either header can come first).
+/// The job's random nonce: agreed at rendezvous (bootstrap/rendezvous.hpp), carried in every
+/// handshake.
 using JobNonce = std::array<std::uint8_t, 16>;
 
 /// Connection kinds carried in HELLO.

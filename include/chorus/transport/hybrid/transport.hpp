@@ -48,9 +48,6 @@
 namespace chorus::hybrid {
 namespace detail {
 
-template <class T>
-using LinkOf = chorus::LinkOf<T>;
-
 /// A candidate that publishes a fact about this rank (cuda_ipc: its device; rdma: its NIC) for the
 /// others' can_connect: `static std::string local_fact(const ErrorContext&)`.
 template <class T>
@@ -90,7 +87,7 @@ class BasicTransport;
 template <class... Ts>
 class BasicLink {
  public:
-  using Ptr = std::variant<detail::LinkOf<Ts>*...>;
+  using Ptr = std::variant<chorus::LinkOf<Ts>*...>;
   static constexpr std::array<std::string_view, sizeof...(Ts)> kNames{Ts::kName...};
   static constexpr std::array<TransportModel, sizeof...(Ts)> kModels{Ts::kModel...};
 
@@ -107,7 +104,7 @@ class BasicLink {
   bool served() const { return served_; }
 
   /// The link with mailboxes, where the serving candidate has them (algo/intranode/one_shot.hpp), else null.
-  using MailboxLink = typename detail::FirstWithMailboxes<detail::LinkOf<Ts>...>::type;
+  using MailboxLink = typename detail::FirstWithMailboxes<chorus::LinkOf<Ts>...>::type;
   MailboxLink* shm_link() const
     requires(!std::is_void_v<MailboxLink>)
   {
