@@ -13,6 +13,7 @@ uint8, int32, int64 and bool.
 import torch.distributed as dist
 
 from . import _C
+from ._version import __version__  # written by the build from include/chorus/version.hpp
 
 BACKEND = "chorus"
 
@@ -24,4 +25,4 @@ def _create(store, rank, size, timeout):
 if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
     dist.Backend.register_backend(BACKEND, _create)
 
-__all__ = ["BACKEND"]
+__all__ = ["BACKEND", "__version__"]
