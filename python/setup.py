@@ -94,10 +94,10 @@ class CMakeBuild(build_ext):
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or "2"
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         cache_file = build_dir / "CMakeCache.txt"
-        if cache_file.is_file():
-            self.check_tree(build_dir, cache_file.read_text(), suffix)
+        if not cache_file.is_file():
+            self.configure(build_dir, self.new_tree_args())
         else:
-            self.configure(build_dir)
+            self.check_tree(build_dir, cache_file.read_text(), suffix)
         self.run_cmd(["cmake", "--build", str(build_dir), "--target", "chorus_torch", "--parallel", jobs])
 
         pkg = build_dir / "python" / "chorus_torch"
@@ -110,25 +110,34 @@ class CMakeBuild(build_ext):
         shutil.copyfile(module, dest)
         shutil.copyfile(pkg / "_version.py", dest.parent / "_version.py")
 
-    def configure(self, build_dir):
+    @staticmethod
+    def new_tree_args():
         args = [
-            "cmake", "-S", str(ROOT), "-B", str(build_dir),
             "-DCMAKE_BUILD_TYPE=Release",
             "-DCHORUS_BUILD_TESTS=OFF", "-DCHORUS_BUILD_BENCH=OFF", "-DCHORUS_BUILD_EXAMPLES=OFF",
             "-DCHORUS_WITH_CUDA=OFF", "-DCHORUS_WITH_RDMA=OFF", "-DCHORUS_INSTALL=OFF",
-            "-DCHORUS_BUILD_TORCH=ON", "-DCHORUS_TORCH_PYTHON=" + sys.executable,
+            "-DCHORUS_BUILD_TORCH=ON",
         ]
         if "CMAKE_GENERATOR" not in os.environ and shutil.which("ninja"):
             args += ["-G", "Ninja"]
-        args += os.environ.get("CHORUS_TORCH_CMAKE_ARGS", "").split()
-        self.run_cmd(args)
+        return args + os.environ.get("CHORUS_TORCH_CMAKE_ARGS", "").split()
+
+    def configure(self, build_dir, args):
+        self.run_cmd(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args,
+                      "-DCHORUS_TORCH_PYTHON=" + sys.executable])
 
     def check_tree(self, build_dir, cache, suffix):
         """A tree configured before (ours from an earlier build, or one named by
-        CHORUS_TORCH_BUILD_DIR) is reused only when its module fits this interpreter."""
+        CHORUS_TORCH_BUILD_DIR) is reused as it is when the interpreter it was configured for has
+        this one's torch and module suffix. When that interpreter is gone (a venv since deleted),
+        the tree is configured again for this one: the same torch flags recompile nothing."""
         if cache_entry(cache, "CHORUS_BUILD_TORCH") == "OFF":
             fail(f"{build_dir} was configured with CHORUS_BUILD_TORCH=OFF")
         python = cache_entry(cache, "CHORUS_TORCH_PYTHON") or "/usr/bin/python3"
+        if not Path(python).exists():
+            print(f"chorus_torch: {build_dir} was configured for {python}, which is gone", flush=True)
+            self.configure(build_dir, [])
+            return
         theirs = probe(python)
         ours = (torch_version(), suffix)
         if theirs != ours:
