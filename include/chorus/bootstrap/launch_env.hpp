@@ -269,4 +269,23 @@ inline std::optional<std::string> master_addr(const GetEnv& getenv) {
 /// The launch described by this process's environment.
 inline std::optional<LaunchInfo> detect_launch() { return detect_launch(GetEnv(&detail::env_string)); }
 
+/// torchrun's agent store. With its static rendezvous (torchrun's default), the agent of node 0
+/// serves a torch TCPStore on MASTER_ADDR:MASTER_PORT and sets TORCHELASTIC_USE_AGENT_STORE=True
+/// for its workers, with TORCHELASTIC_RESTART_COUNT, the number of times the worker group was
+/// restarted. Returns that count when the variable is "True", nullopt when it is unset or "False"
+/// (torchrun's other rendezvous: rank 0 serves the store itself); any other value, or a restart
+/// count that is missing or not a number, is invalid_argument naming the variable.
+inline std::optional<int> torch_agent_store_attempt(const GetEnv& getenv) {
+  const auto use = getenv("TORCHELASTIC_USE_AGENT_STORE");
+  if (!use || *use == "False") return std::nullopt;
+  if (*use != "True")
+    throw Error(ErrorCode::invalid_argument,
+                "TORCHELASTIC_USE_AGENT_STORE='" + *use + "' is not True or False (torchrun sets one of them)");
+  const auto count = getenv("TORCHELASTIC_RESTART_COUNT");
+  if (!count)
+    throw Error(ErrorCode::invalid_argument,
+                "TORCHELASTIC_USE_AGENT_STORE=True but TORCHELASTIC_RESTART_COUNT is not set (torchrun sets both)");
+  return static_cast<int>(detail::parse_int(*count, "TORCHELASTIC_RESTART_COUNT", 0, 1 << 30));
+}
+
 }  // namespace chorus

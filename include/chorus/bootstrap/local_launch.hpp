@@ -52,7 +52,8 @@ inline int launch_local(int nranks, int argc, char** argv,
     const auto name = v.substr(0, v.find('='));
     if (name == "RANK" || name == "WORLD_SIZE" || name == "LOCAL_RANK" || name == "LOCAL_WORLD_SIZE" ||
         name == "MASTER_ADDR" || name == "MASTER_PORT" || name == "CHORUS_AGENT_STORE" ||
-        name.rfind("OMPI_COMM_WORLD_", 0) == 0 || name.rfind("PMI_", 0) == 0 || name.rfind("SLURM_", 0) == 0)
+        name.rfind("OMPI_COMM_WORLD_", 0) == 0 || name.rfind("PMI_", 0) == 0 || name.rfind("SLURM_", 0) == 0 ||
+        name.rfind("TORCHELASTIC_", 0) == 0)
       continue;
     base.emplace_back(v);
   }

@@ -7,7 +7,11 @@
 ///      (launch_env.hpp). Neither: invalid_argument.
 ///   2. The store: Options::store, else from init_method:
 ///        "" or "env://"     MASTER_ADDR and MASTER_PORT: rank 0 serves a TcpStore bound to
-///                           MASTER_ADDR:MASTER_PORT, the others connect. Without MASTER_ADDR:
+///                           MASTER_ADDR:MASTER_PORT, the others connect. Under torchrun's
+///                           static rendezvous (TORCHELASTIC_USE_AGENT_STORE=True) its agent
+///                           serves a torch TCPStore there: every rank joins it as a TorchStore
+///                           client, under "chorus/torchelastic/attempt_<restart count>/"
+///                           (torch_store.hpp). Without MASTER_ADDR:
 ///                           under srun, MASTER_ADDR is the first host of the step's node list
 ///                           (MASTER_PORT still required); under mpirun (Open MPI, MPICH) with
 ///                           every rank on this host, a FileStore in $TMPDIR (else /tmp) named
@@ -43,6 +47,7 @@
 #include "chorus/bootstrap/launch_env.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/bootstrap/tcp_store.hpp"
+#include "chorus/bootstrap/torch_store.hpp"
 #include "chorus/detail/crypto.hpp"
 #include "chorus/detail/env.hpp"
 #include "chorus/detail/log.hpp"
@@ -242,6 +247,13 @@ inline std::shared_ptr<Store> make_store(const Options& o, int rank, int size) {
       throw Error(ErrorCode::invalid_argument, "CHORUS_AGENT_STORE='" + *v + "' is not 0 or 1");
     agent_store = *v == "1";
   }
+  // torchrun's agent serves a torch TCPStore on MASTER_PORT: every rank joins it, under a prefix
+  // of its own per restart of the worker group (torch's workers use "/worker/attempt_<n>").
+  const bool env_method = o.init_method.empty() || o.init_method == "env://";
+  if (env_method && !agent_store)
+    if (const auto attempt = torch_agent_store_attempt(GetEnv(&env_string)))
+      return std::make_shared<PrefixStore>("chorus/torchelastic/attempt_" + std::to_string(*attempt) + "/",
+                                           std::make_shared<TorchStore>(m.host, m.port, o.timeout, rank));
   return std::make_shared<TcpStore>(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
 }
 

@@ -13,7 +13,6 @@
 #include <mutex>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "chorus/bootstrap/tcp_store/endpoint.hpp"
@@ -86,14 +85,9 @@ class TcpStoreClient {
     std::string payload;
   };
 
-  std::string where() const {
-    const bool v6 = host_.find(':') != std::string::npos && host_.front() != '[';
-    return (v6 ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
-  }
+  std::string where() const { return host_port_string(host_, port_); }
   ErrorContext context(const char* op, const std::string& key) const {
-    std::string s = std::string("TcpStore ") + op;
-    if (!key.empty()) s += " '" + key + "'";
-    return ErrorContext{-1, -1, s + " at " + where()};
+    return store_call_context(-1, "TcpStore", op, key, host_, port_);
   }
   static void check_keys(const std::vector<std::string>& keys, const ErrorContext& ctx) {
     if (keys.size() > kStoreMaxKeys) throw Error(ErrorCode::invalid_argument, ctx, "too many keys in one call");
@@ -164,36 +158,17 @@ class TcpStoreClient {
   void connect() {
     const ErrorContext ctx{-1, -1, "TcpStore connect to " + where()};
     const auto deadline = Clock::now() + timeout_;
-    auto backoff = std::chrono::milliseconds(10);
-    std::string last = "no attempt";
-    for (;;) {
+    const std::string last = connect_with_backoff(host_, port_, deadline, [&](const asio_tcp::endpoint& ep) {
+      close();
+      socket_ = asio_tcp::socket(io_);
       try {
-        for (const auto& ep : resolve_endpoints(host_, port_)) {
-          try {
-            close();
-            socket_ = asio_tcp::socket(io_);
-            run_with_deadline(
-                io_, connect_once(ep), deadline, [this] { close(); }, ctx, "connecting");
-            return;
-          } catch (const HandshakeRefused&) {
-            close();
-            throw;
-          } catch (const Error& e) {
-            close();
-            last = e.what();
-            if (e.code() == ErrorCode::timeout) break;
-          }
-        }
-      } catch (const HandshakeRefused&) {
+        run_with_deadline(io_, connect_once(ep), deadline, [this] { close(); }, ctx, "connecting");
+      } catch (...) {
+        close();
         throw;
-      } catch (const Error& e) {
-        last = e.what();
       }
-      const auto now = Clock::now();
-      if (now >= deadline) break;
-      std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-    }
+    });
+    if (last.empty()) return;
     throw Error(ErrorCode::timeout, ctx,
                 "no store server reachable within " + std::to_string(timeout_.count()) +
                     " ms (is rank 0 running, and MASTER_ADDR/MASTER_PORT right?); last error: " + last);
