@@ -88,3 +88,25 @@ def run(tmp_path, world, target, *args, backend="chorus", timeout=240, pg_timeou
         lines += ["rank %d did not finish within %d s" % (r, timeout) for r in sorted(missing)]
         raise AssertionError("\n".join(lines))
     return results
+
+
+def run_once(cache, key, tmp_path_factory, world, target, *args, **kwargs):
+    """run() once per key for a module whose tests share one group of processes: the first test
+    that asks runs it, the others get its results, or its failure again. `cache` is the module's
+    dict."""
+    if key not in cache:
+        try:
+            cache[key] = run(tmp_path_factory.mktemp("run"), world, target, *args, **kwargs)
+        except AssertionError as e:
+            cache[key] = e
+    if isinstance(cache[key], AssertionError):
+        raise cache[key]
+    return cache[key]
+
+
+def check_category(results, category):
+    """For checks that return {"failures": {category: [message]}, "checks": {category: n}} from
+    every rank: no failure in `category`, and at least one check ran."""
+    failures = [m for r in sorted(results) for m in results[r]["failures"].get(category, [])]
+    assert not failures, "\n".join(failures)
+    assert sum(results[r]["checks"].get(category, 0) for r in results) > 0, "no checks ran for %s" % category

@@ -4,52 +4,23 @@ every rank and equal, within float tolerance, to the same training run through g
 over the same ranks, same model, same data, in the same processes). Also the classic synchronous
 SGD loop (average_gradients with dist.all_reduce) and the store-based init paths."""
 
-import copy
 import datetime
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
+import ddp_twins
 import harness
 
 STEPS = 6
 
 
-def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
 def ddp_vs_gloo(rank, world):
     torch.manual_seed(rank)  # different on each rank: DDP's broadcast from rank 0 must make them equal
     model = nn.Sequential(nn.Linear(20, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4))
-    twin = copy.deepcopy(model)
-    gloo = dist.new_group(backend="gloo")
-    # Small buckets: several all_reduces per backward, overlapping it.
-    a = DDP(model, bucket_cap_mb=0.001)
-    b = DDP(twin, process_group=gloo, bucket_cap_mb=0.001)
-    opt_a = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
-    opt_b = torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)
-    g = torch.Generator().manual_seed(100 + rank)
-    steps = []
-    for _ in range(STEPS):
-        x = torch.randn(16, 20, generator=g)
-        y = torch.randint(0, 4, (16,), generator=g)
-        for m, opt in ((a, opt_a), (b, opt_b)):
-            opt.zero_grad()
-            F.cross_entropy(m(x), y).backward()
-            opt.step()
-        pa, pb = flat(a.module), flat(b.module)
-        every = [torch.empty_like(pa) for _ in range(world)]
-        dist.all_gather(every, pa, group=gloo)
-        steps.append({
-            "identical": all(torch.equal(every[0], q) for q in every),
-            "max_diff_vs_gloo": float((pa - pb).abs().max()),
-            "changed": float((pa - every[0]).abs().max()) == 0.0,
-        })
-    return steps
+    return ddp_twins.train_twins(rank, world, model, dist.new_group(backend="gloo"), STEPS)[0]
 
 
 def average_gradients_loop(rank, world):
@@ -76,7 +47,7 @@ def average_gradients_loop(rank, world):
         ropt.zero_grad()
         sum(F.mse_loss(ref(x), y) for x, y in batches).div(world).backward()
         ropt.step()
-    return float((flat(model) - flat(ref)).abs().max())
+    return float((ddp_twins.flat(model) - ddp_twins.flat(ref)).abs().max())
 
 
 def test_ddp_matches_gloo(tmp_path):

@@ -20,24 +20,10 @@ GLOO_COMPARED = ["all_reduce_SUM", "all_reduce_MIN", "broadcast", "reduce", "all
 _runs = {}
 
 
-def results(world, tmp_path_factory):
-    if world not in _runs:
-        try:
-            _runs[world] = harness.run(tmp_path_factory.mktemp("ops%d" % world), world, "op_checks:run_all")
-        except AssertionError as e:
-            _runs[world] = e
-    if isinstance(_runs[world], AssertionError):
-        raise _runs[world]
-    return _runs[world]
-
-
 @pytest.mark.parametrize("category", CATEGORIES)
 @pytest.mark.parametrize("world", WORLDS)
 def test_category(world, category, tmp_path_factory):
-    res = results(world, tmp_path_factory)
-    failures = [m for r in sorted(res) for m in res[r]["failures"].get(category, [])]
-    assert not failures, "\n".join(failures)
-    checks = sum(res[r]["checks"].get(category, 0) for r in res)
-    assert checks > 0, "no checks ran for %s" % category
+    res = harness.run_once(_runs, world, tmp_path_factory, world, "op_checks:run_all")
+    harness.check_category(res, category)
     if category in GLOO_COMPARED:
         assert sum(res[r]["gloo"].get(category, 0) for r in res) > 0, "never compared with gloo"
