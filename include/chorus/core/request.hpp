@@ -8,6 +8,7 @@
 ///   ... overlap work ...
 ///   r.wait();
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -185,6 +186,58 @@ class RequestState {
   /// an on-timeout hook is set (set once, before the request is handed out).
   void set_driver(std::weak_ptr<Driver> d) { driver_ = std::move(d); }
 
+  // ---- a receive from any source (Communicator::irecv_any_bytes) ----
+  // Every link of the communicator holds an entry for it; the first link with a message for its
+  // tag claims it (claim_source, under that link's lock or drive token), and the others drop
+  // their entries when they next look. Claiming is one compare-and-swap, so two links never both
+  // take it, and a receive withdrawn at its timeout (withdraw_source) is never written. A link
+  // that breaks gives its entry up (leave_source); the last one to do so fails it.
+
+  static constexpr int kSourceOpen = -1;       ///< an any-source receive that no link has taken
+  static constexpr int kSourceWithdrawn = -2;  ///< ... withdrawn at its timeout
+
+  /// Makes this the request of a receive from any source with an entry on `links` links (before
+  /// it is handed out).
+  void set_any_source(int links) {
+    any_source_ = true;
+    source_.store(kSourceOpen, std::memory_order_relaxed);
+    links_.store(links, std::memory_order_relaxed);
+  }
+  bool any_source() const { return any_source_; }
+  /// True when the entry of the link from `source` may match: always for an ordinary request; for
+  /// one from any source, when this call claims it (it then names `source` as its peer).
+  bool claim_source(int source) {
+    if (!any_source_) return true;
+    int open = kSourceOpen;
+    if (!source_.compare_exchange_strong(open, source, std::memory_order_acq_rel)) return false;
+    std::lock_guard lk(mu_);
+    ctx_.peer = source;
+    return true;
+  }
+  /// The link from `source` broke: true when the request fails with it. Always for an ordinary
+  /// request; for one from any source only when no other link can take it any more (this was the
+  /// last open entry: it is claimed for the failure), since another rank may still send it.
+  bool leave_source(int source) {
+    if (!any_source_) return true;
+    if (!source_open() || links_.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
+    return claim_source(source);
+  }
+  /// An any-source receive that no link has taken yet (nor withdrawn).
+  bool source_open() const { return any_source_ && source_.load(std::memory_order_acquire) == kSourceOpen; }
+  /// Withdraws an any-source receive that no link has taken: true when it was open (no link
+  /// writes its buffer from now on), false when a link has it already.
+  bool withdraw_source() {
+    int open = kSourceOpen;
+    return source_.compare_exchange_strong(open, kSourceWithdrawn, std::memory_order_acq_rel);
+  }
+  /// The rank a receive is from: for an any-source receive the one that took it (-1 before),
+  /// else the request's peer.
+  int source() const {
+    if (any_source_) return std::max(source_.load(std::memory_order_acquire), -1);
+    std::lock_guard lk(mu_);
+    return ctx_.peer;
+  }
+
   /// True when the request failed; `out` then gets its error.
   bool failed(ErrorCode* code = nullptr, std::string* what = nullptr) const {
     std::lock_guard lk(mu_);
@@ -245,6 +298,9 @@ class RequestState {
   bool from_start_ = false;
   std::chrono::milliseconds grace_{0};
   std::atomic<Clock::rep> started_{0};  ///< when the operation started running (0: not yet)
+  bool any_source_ = false;             ///< a receive from any source (set before hand-out)
+  std::atomic<int> source_{kSourceOpen};  ///< ... the rank that took it, or kSourceOpen/kSourceWithdrawn
+  std::atomic<int> links_{0};             ///< ... the links whose entries may still take it
 };
 
 /// Memory blocks of one size, recycled: the request states of a link (control block and object,
