@@ -401,6 +401,11 @@ class Request {
   bool test() { return !s_ || s_->test(); }
   /// Bytes moved (for irecv: bytes received).
   std::size_t bytes() const { return s_ ? s_->bytes() : 0; }
+  /// The rank a receive is from: for a receive from any source (Communicator::irecv_any) the
+  /// sender, in the communicator's ranks, once a message has matched it (-1 before); for any
+  /// other request the peer of the link it was posted on (in the ranks of the communicator that
+  /// made the links: the parent's, for one from split()).
+  int source() const { return s_ ? s_->source() : -1; }
   bool valid() const { return s_ != nullptr; }
   const std::shared_ptr<detail::RequestState>& state() const { return s_; }
 
