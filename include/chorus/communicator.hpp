@@ -126,6 +126,40 @@ class Communicator {
   Request isend_bytes(ConstBytes data, int peer, int tag);
   Request irecv_bytes(MutableBytes data, int peer, int tag);
 
+  /// Receive from any source (MPI_ANY_SOURCE, gloo's recvFromAny): takes the first message with
+  /// `tag` that reaches this rank from any other rank of the communicator, and
+  /// Request::source() names its sender once the request is complete (-1 before); recv_any
+  /// returns it. Each message goes to exactly one receive: messages from one rank still match in
+  /// the order they were sent, and on one link the receives for a tag, ordinary and from any
+  /// source, take them in the order they were posted. Between ranks there is no order: when
+  /// several have sent, any of them may be taken first. A message of another size fails it with
+  /// mismatch naming the sender; like every request it is bounded by the timeout (which aborts
+  /// the communicator). It fails with peer_failure (`aborted` after this rank's abort()) once
+  /// no rank is left that could send it: when the communicator is aborted, or the links to
+  /// every other rank have broken; one rank's failure or leaving alone does not end it, since
+  /// another may still send. Host buffers only, as send and recv; a communicator of one rank, or
+  /// a negative tag, is invalid_argument. Every transport has it (inproc, tcp, shm, rdma, the
+  /// default transport's mix).
+  ///
+  ///   std::vector<float> v(8);
+  ///   const int from = comm.recv_any(v, /*tag=*/3);  // whichever rank's message came first
+  ///   chorus::Request r = comm.irecv_any(v, 3);
+  ///   r.wait();
+  ///   use(v, r.source());
+  template <WritableByteRange R>
+  int recv_any(R&& data, int tag = 0) {
+    Request r = irecv_any(std::forward<R>(data), tag);
+    r.wait();
+    return r.source();
+  }
+  template <WritableByteRange R>
+  Request irecv_any(R&& data, int tag = 0) {
+    return irecv_any_bytes(MutableBytes{reinterpret_cast<std::byte*>(std::ranges::data(data)),
+                                        std::ranges::size(data) * sizeof(std::ranges::range_value_t<R>)},
+                           tag);
+  }
+  Request irecv_any_bytes(MutableBytes data, int tag);
+
   /// Returns when every rank has entered the barrier.
   void barrier();
   Request barrier_async();

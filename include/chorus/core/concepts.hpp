@@ -49,6 +49,13 @@
 /// |                             |                               | device memory (intranode/ipc.hpp) |
 /// | LinkWithDeviceMemory<L>     | l.device_memory(rt, p, bytes) | bool: the link moves these device |
 /// |                             |                               | bytes itself (rdma dma-buf)       |
+/// | LinkWithAnySource<L>        | l.irecv_any(bytes, tag, req,  | posts the link's entry of a       |
+/// |                             |   source)                     | receive from any source: req (set |
+/// |                             |                               | _any_source) is shared by every   |
+/// |                             |                               | link, the first with a message of |
+/// |                             |                               | tag claims it (claim_source) and  |
+/// |                             |                               | fills bytes; returns its engine's |
+/// |                             |                               | weak_ptr<Driver> (empty: none)    |
 /// | TransportWithPeerModels<T>  | t.link_model(peer)            | the TransportModel of the link    |
 /// |                             |                               | that serves the peer (hybrid)     |
 /// | TransportWithMemoryBytes<T> | t.memory_bytes()              | bytes the transport holds         |
@@ -58,6 +65,7 @@
 #include <type_traits>
 #include <utility>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -110,6 +118,12 @@ concept LinkWithIpc = requires(L& l) {
 template <class L>
 concept LinkWithDeviceMemory = requires(L& l, device::Runtime& rt, const std::byte* p, std::size_t bytes) {
   { l.device_memory(rt, p, bytes) } -> std::convertible_to<bool>;
+};
+
+template <class L>
+concept LinkWithAnySource = requires(L& l, MutableBytes out, Tag tag, const std::shared_ptr<detail::RequestState>& req,
+                                     int source) {
+  { l.irecv_any(out, tag, req, source) } -> std::convertible_to<std::weak_ptr<detail::Driver>>;
 };
 
 template <class T>

@@ -83,6 +83,9 @@ struct RecvOp {
   MutableBytes dst;
   std::shared_ptr<RequestState> req;
   Tag tag;
+  /// For a link's entry of a receive from any source: the rank the request names as its source
+  /// when this link takes it (RequestState::claim_source); unused otherwise.
+  int source = -1;
 };
 /// A small message that arrived before its receive: a copy of its bytes.
 struct EagerArrival {
@@ -128,14 +131,41 @@ class TagMatcher {
 
   /// A message arrived: the oldest receive posted for its tag, or nullopt (then keep it with
   /// add_unexpected).
+  /// An entry of a receive from any source is taken only by claiming it; one that another link
+  /// took (or that was withdrawn) is dropped on the way.
   std::optional<Recv> take_posted(Tag tag) {
-    for (auto it = posted_.begin(); it != posted_.end(); ++it) {
-      if (it->tag != tag) continue;
+    for (auto it = posted_.begin(); it != posted_.end();) {
+      if (it->tag != tag) {
+        ++it;
+        continue;
+      }
+      if (!it->req->claim_source(it->source)) {
+        it = posted_.erase(it);
+        continue;
+      }
       std::optional<Recv> r(std::move(*it));
       posted_.rerase(it);
       return r;
     }
     return std::nullopt;
+  }
+  /// A receive is about to be posted (`broken`: the link is broken, so it would fail at once):
+  /// false when it is a link's entry of a receive from any source that must be dropped (another
+  /// link took it or it was withdrawn; or this link is broken and others may still take it).
+  /// Such an entry that matches at once (a message of its tag waits here) claims its request
+  /// first; one that would wait is posted unclaimed. Entries of earlier any-source receives that
+  /// are settled go first, so a link whose peer never sends holds no more of them than there are
+  /// open ones.
+  bool admit(Recv& r, bool broken) {
+    if (!r.req->any_source()) return true;
+    remove_posted_entries([](const Recv& p) { return p.req->any_source() && !p.req->source_open(); });
+    if (!r.req->source_open()) return false;
+    if (has_unexpected(r.tag)) return r.req->claim_source(r.source);
+    if (broken) return r.req->leave_source(r.source);
+    return true;
+  }
+  bool has_unexpected(Tag tag) const {
+    return std::any_of(unexpected_.begin(), unexpected_.end(), [tag](const Unexpected& u) { return u.tag == tag; });
   }
   /// A receive was posted: calls f(Arrival&) on the oldest unexpected message of its tag and removes
   /// it; false when there is none (then post the receive). (A callback rather than an optional:
@@ -157,10 +187,13 @@ class TagMatcher {
   }
   void add_unexpected(Tag tag, Arrival a) { push_back_growing(unexpected_, Unexpected{tag, std::move(a)}); }
 
-  /// Removes and returns every posted receive (to fail them when the link breaks).
+  /// Removes and returns every posted receive (to fail them when the link breaks); an entry of a
+  /// receive from any source is returned only when no other link can take it any more
+  /// (RequestState::leave_source), else dropped.
   template <class F>
   void drain_posted(F&& f) {
-    for (auto& r : posted_) f(r);
+    for (auto& r : posted_)
+      if (r.req->leave_source(r.source)) f(r);
     posted_.clear();
   }
   /// Removes the unexpected messages for which `pred` returns true, keeping the others in order.
@@ -187,6 +220,10 @@ class TagMatcher {
     Tag tag;
     Arrival arrival;
   };
+  template <class Pred>
+  void remove_posted_entries(Pred&& pred) {
+    posted_.erase(std::remove_if(posted_.begin(), posted_.end(), pred), posted_.end());
+  }
   template <class Pred>
   void remove_unexpected_entries(Pred&& pred) {
     unexpected_.erase(std::remove_if(unexpected_.begin(), unexpected_.end(), pred), unexpected_.end());

@@ -42,6 +42,10 @@ class Link {
   int peer() const { return peer_; }
   Request isend(ConstBytes data, Tag tag) { return l_->isend(data, tag); }
   Request irecv(MutableBytes data, Tag tag) { return l_->irecv(data, tag); }
+  std::weak_ptr<chorus::detail::Driver> irecv_any(MutableBytes data, Tag tag,
+                                                  const std::shared_ptr<chorus::detail::RequestState>& req, int source) {
+    return l_->irecv_any(data, tag, req, source);
+  }
   /// The mailboxes (algo/intranode/one_shot.hpp, algo/intranode/ipc.hpp) and the rest of the shm link.
   shm::Link* shm_link() const { return l_; }
   /// The peer's IPC handles open here (algo/intranode/ipc.hpp reads this).

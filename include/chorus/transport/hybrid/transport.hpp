@@ -99,6 +99,13 @@ class BasicLink {
   Request irecv(MutableBytes data, Tag tag) {
     return std::visit([&](auto* l) { return l->irecv(data, tag); }, l_);
   }
+  /// The serving candidate's entry of a receive from any source (core/concepts.hpp).
+  std::weak_ptr<chorus::detail::Driver> irecv_any(MutableBytes data, Tag tag,
+                                                  const std::shared_ptr<chorus::detail::RequestState>& req, int source)
+    requires(chorus::LinkWithAnySource<chorus::LinkOf<Ts>> && ...)
+  {
+    return std::visit([&](auto* l) { return l->irecv_any(data, tag, req, source); }, l_);
+  }
   std::string_view kind() const { return kNames[l_.index()]; }
   TransportModel model() const { return kModels[l_.index()]; }
   bool served() const { return served_; }

@@ -32,6 +32,7 @@ struct RecvOp {
   MutableBytes dst;
   ReqPtr req;
   Tag tag = 0;  ///< set by the matcher
+  int source = -1;  ///< an any-source receive's entry: the sender it names (chorus::detail::RecvOp)
 };
 struct EagerArrival {
   std::vector<std::byte> data;
@@ -154,9 +155,26 @@ class Link {
 
   Request irecv(MutableBytes data, Tag tag) {
     auto req = make_request("recv", tag, data.size);
+    start_recv(detail::RecvOp{data, req, tag});
+    return Request(req);
+  }
+
+  /// This link's entry of a receive from any source (Communicator::irecv_any_bytes): `req` is
+  /// shared by an entry on every link of the communicator, and the first link with a message of
+  /// `tag` claims it, naming `source` as its sender (core/request.hpp). Returns the engine that
+  /// completes it: none here (the sender completes it).
+  std::weak_ptr<chorus::detail::Driver> irecv_any(MutableBytes data, Tag tag, const detail::ReqPtr& req, int source) {
+    start_recv(detail::RecvOp{data, req, tag, source});
+    return {};
+  }
+
+ private:
+  void start_recv(detail::RecvOp r) {
     detail::Completions done;
     std::lock_guard lk(in_->mu);
-    detail::RecvOp r{data, req};
+    if (!in_->matcher.admit(r, in_->broken)) return;  // another link took it (any source)
+    const Tag tag = r.tag;
+    const detail::ReqPtr req = r.req;
     if (in_->matcher.take_unexpected(tag, [&](detail::Arrival& a) {
           if (auto* e = std::get_if<detail::EagerArrival>(&a)) in_->unexpected_bytes -= e->data.size();
           detail::deliver(a, r, done);
@@ -167,10 +185,8 @@ class Link {
     } else {
       in_->matcher.add_posted(tag, std::move(r));
     }
-    return Request(req);
   }
 
- private:
   detail::ReqPtr make_request(const char* verb, Tag tag, std::size_t bytes) {
     auto req = std::make_shared<detail::RequestState>(
         rank_, peer_, chorus::detail::LazyOp{verb, tag, bytes, &chorus::detail::describe_op}, timeout_);

@@ -148,6 +148,15 @@ class Link {
   Request isend(ConstBytes data, Tag tag);
   /// Receives into `data` on `tag` (detail/link_receive.hpp).
   Request irecv(MutableBytes data, Tag tag);
+  /// This link's entry of a receive from any source (Communicator::irecv_any_bytes): `req` is
+  /// shared by an entry on every link of the communicator, and the first link with a message of
+  /// `tag` claims it, naming `source` as its sender (core/request.hpp). Returns the engine that
+  /// completes it: this transport's engine.
+  std::weak_ptr<chorus::detail::Driver> irecv_any(MutableBytes data, Tag tag, const std::shared_ptr<chorus::detail::RequestState>& req,
+                                                  int source) {
+    start_recv(detail::RecvOp{data, req, tag, source});
+    return requests_.driver();
+  }
 
   // --- device memory (dma-buf) -----------------------------------------------------------------
   /// True when this link takes `bytes` of `rt`'s device memory at `p` as it is (zero-copy): for a
@@ -389,6 +398,8 @@ class Link {
 
   void deliver_eager(detail::RecvOp& r, const std::byte* src, std::size_t n, Completions& done);
 
+  /// Posts a receive, or matches it with what arrived (irecv, irecv_any).
+  void start_recv(detail::RecvOp r);
   /// A receive met its message (caller's thread or the driver).
   void match(detail::RecvOp r, detail::Arrival a, Completions& done);
 

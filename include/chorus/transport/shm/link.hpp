@@ -131,6 +131,15 @@ class Link {
   Request isend(ConstBytes data, Tag tag);
   /// Receives into `data` on `tag` (detail/link_receive.hpp).
   Request irecv(MutableBytes data, Tag tag);
+  /// This link's entry of a receive from any source (Communicator::irecv_any_bytes): `req` is
+  /// shared by an entry on every link of the communicator, and the first link with a message of
+  /// `tag` claims it, naming `source` as its sender (core/request.hpp). Returns the engine that
+  /// completes it: this transport's engine.
+  std::weak_ptr<chorus::detail::Driver> irecv_any(MutableBytes data, Tag tag, const std::shared_ptr<chorus::detail::RequestState>& req,
+                                                  int source) {
+    start_recv(detail::RecvOp{data, req, tag, source});
+    return driver();
+  }
 
   // ---- set-up (before the progress thread starts) ----
 
@@ -323,6 +332,8 @@ class Link {
   /// Handles one record; false when it must stay in the ring (paused) or the link broke.
   bool on_record(const detail::Record& h, detail::Completions& done);
 
+  /// Posts a receive, or matches it with what arrived (irecv, irecv_any).
+  void start_recv(detail::RecvOp r);
   /// A receive met its message (caller's thread or progress thread); true when the progress
   /// thread has work for it (a pull).
   bool match(detail::RecvOp r, detail::Arrival a, detail::Completions& done);

@@ -144,6 +144,15 @@ class Link {
     return Request(req);
   }
 
+  /// This link's entry of a receive from any source (Communicator::irecv_any_bytes): `req` is
+  /// shared by an entry on every link of the communicator, and the first link with a message of
+  /// `tag` claims it, naming `source` as its sender (core/request.hpp). Returns the engine that
+  /// completes it: this transport's engine.
+  std::weak_ptr<chorus::detail::Driver> irecv_any(MutableBytes data, Tag tag, const detail::ReqPtr& req, int source) {
+    start([this, data, tag, req, source] { start_recv(detail::RecvOp{data, req, tag, source}); });
+    return requests_.driver();
+  }
+
   /// Runs `op` (start_send or start_recv) on this thread when nobody runs the io_context and no
   /// earlier operation still waits in its queue (order is kept), else posts it there. Running it
   /// here saves a handler and the reactor's wake-up on the latency path.

@@ -17,12 +17,19 @@ namespace chorus::rdma {
 
 inline Request Link::irecv(MutableBytes data, Tag tag) {
   auto req = chorus::detail::make_link_request(requests_, "recv", tag, data.size);
+  start_recv(detail::RecvOp{data, req, tag});
+  return Request(req);
+}
+
+inline void Link::start_recv(detail::RecvOp r) {
   Completions done;
   Kick kick{hub_};
   std::lock_guard lk(hub_.mu);
-  detail::RecvOp r{data, req, tag};
-  if (data.kind == MemoryKind::device && !hub_.device.runtime) {
-    done.fail(req, ErrorCode::invalid_argument, kNoDeviceMemory);
+  const Tag tag = r.tag;
+  const auto req = r.req;
+  if (r.dst.kind == MemoryKind::device && !hub_.device.runtime) {
+    if (req->claim_source(r.source)) done.fail(req, ErrorCode::invalid_argument, kNoDeviceMemory);
+  } else if (!matcher_.admit(r, failed_)) {  // another link took it (any source)
   } else if (matcher_.take_unexpected(tag, [&](detail::Arrival& a) { match(std::move(r), std::move(a), done); })) {
   } else if (failed_) {
     done.fail(req, fail_code_, fail_why_);
@@ -31,7 +38,6 @@ inline Request Link::irecv(MutableBytes data, Tag tag) {
   }
   pump(done);
   kick.needed = !queue_.empty();
-  return Request(req);
 }
 
 inline void Link::on_completion(const Wc& wc, Completions& done) {

@@ -17,12 +17,19 @@ namespace chorus::shm {
 
 inline Request Link::irecv(MutableBytes data, Tag tag) {
   auto req = make_request("recv", tag, data.size);
+  start_recv(detail::RecvOp{data, req, tag});
+  return Request(req);
+}
+
+inline void Link::start_recv(detail::RecvOp r) {
   detail::Completions done;
   bool kick = false;
   {
     std::lock_guard lk(hub_.mu);
-    detail::RecvOp r{data, req, tag};
-    if (matcher_.take_unexpected(tag, [&](detail::Arrival& a) { kick = match(std::move(r), std::move(a), done); })) {
+    const Tag tag = r.tag;
+    const auto req = r.req;
+    if (!matcher_.admit(r, failed_)) {  // another link took it (any source)
+    } else if (matcher_.take_unexpected(tag, [&](detail::Arrival& a) { kick = match(std::move(r), std::move(a), done); })) {
     } else if (failed_) {
       done.fail(req, fail_code_, fail_why_);
     } else {
@@ -31,7 +38,6 @@ inline Request Link::irecv(MutableBytes data, Tag tag) {
     if (!queue_.empty()) kick = !pump(done) || kick;
   }
   if (kick) hub_.kick();
-  return Request(req);
 }
 
 inline bool Link::drain(detail::Completions& done) {

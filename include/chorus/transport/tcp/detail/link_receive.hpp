@@ -16,6 +16,7 @@
 namespace chorus::tcp {
 
 inline void Link::start_recv(detail::RecvOp r) {
+  if (!matcher_.admit(r, failed_)) return;  // another link took it (any source)
   if (matcher_.take_unexpected(r.tag, [&](detail::Arrival& a) { match(std::move(r), std::move(a)); })) return;
   if (failed_) return r.req->fail(fail_code_, fail_why_);
   const Tag tag = r.tag;
