@@ -28,6 +28,7 @@
 #include "chorus/transport/shm/transport.hpp"
 #include "chorus/transport/tcp/transport.hpp"
 #include "chorus/communicator.hpp"
+#include "chorus/call.hpp"
 #include "chorus/fwd.hpp"
 #include "chorus/all_to_all_v.hpp"
 #include "chorus/registered_memory.hpp"

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -162,12 +163,20 @@ class RequestState {
   }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  /// Called (without locks) once the request is done; runs at once when it already is.
+  /// Called (without locks) once the request is done; runs at once when it already is. Several
+  /// may be set (the communicator's own and a caller's, Request::on_complete): they run in the
+  /// order they were set.
   void then(std::function<void()> f) {
     {
       std::lock_guard lk(mu_);
       if (!done()) {
-        then_ = std::move(f);
+        if (then_)
+          then_ = [a = std::move(then_), b = std::move(f)] {
+            a();
+            b();
+          };
+        else
+          then_ = std::move(f);
         return;
       }
     }
@@ -399,6 +408,31 @@ class Request {
   }
   /// True when complete; throws the operation's error if it failed. Never blocks.
   bool test() { return !s_ || s_->test(); }
+  /// Waits at most `d`, making progress meanwhile (a queued collective is left to the
+  /// communicator's worker unless `d` is at least half the timeout: running it here would hold
+  /// this thread until the call ends): true when the operation has completed (throws its error if
+  /// it failed), false when it is still pending. Unlike wait(), running out of time
+  /// is not an error here and aborts nothing: the operation goes on, bounded by the
+  /// communicator's timeout, and the caller decides (wait again, or Communicator::abort()).
+  ///
+  ///   while (!r.wait_for(std::chrono::milliseconds(100))) report_progress();
+  bool wait_for(std::chrono::milliseconds d) { return !s_ || s_->wait_for(d); }
+  /// Runs `f` once the operation is done, with its error (null on success): at once, on this
+  /// thread, when it already is; else on the thread that completes it (a communicator's worker
+  /// or progress thread, or a waiter), so `f` must be short and must not wait for this
+  /// communicator. An empty request counts as done.
+  ///
+  ///   r.on_complete([](std::exception_ptr e) { if (!e) notify_ready(); });
+  void on_complete(std::function<void(std::exception_ptr)> f) {
+    if (!s_) return f(nullptr);
+    s_->then([st = s_.get(), f = std::move(f)] {  // the state runs this, so it outlives it
+      ErrorCode code{};
+      std::string what;
+      if (!st->failed(&code, &what)) return f(nullptr);
+      const ErrorContext ctx = st->context();
+      f(std::make_exception_ptr(Error::from_text(code, what, ctx.rank, ctx.peer)));
+    });
+  }
   /// Bytes moved (for irecv: bytes received).
   std::size_t bytes() const { return s_ ? s_->bytes() : 0; }
   /// The rank a receive is from: for a receive from any source (Communicator::irecv_any) the

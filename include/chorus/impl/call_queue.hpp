@@ -133,10 +133,14 @@ class CallQueue {
         : ex(e), task(std::move(t)), state(std::move(s)) {}
 
     /// The waiter: runs the call here once it is its turn and nobody has started it; else waits
-    /// for it (looking again now and then, should the worker be slow to wake).
+    /// for it (looking again now and then, should the worker be slow to wake). Only a wait that
+    /// may last about as long as the call (wait(), whose deadline is the call's timeout away;
+    /// not a Request::wait_for shorter than half of it) runs it, since the call then holds the
+    /// waiter until it ends.
     void drive(const RequestState& r, Clock::time_point deadline) override {
+      const bool may_run = deadline - Clock::now() >= r.timeout() / 2;
       while (!r.done() && Clock::now() < deadline) {
-        if (ex.try_claim(*this)) return ex.run_job(*this);
+        if (may_run && ex.try_claim(*this)) return ex.run_job(*this);
         r.settle_until(std::min(deadline, Clock::now() + std::chrono::microseconds(200)));
       }
     }
