@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// 01_ring: the smallest chorus program. Starts N local ranks (or joins a job started by mpirun or
-// srun; torchrun cannot start C++ programs yet, docs/sgd.md), passes a token around the ring, then
-// streams a buffer around it and reports the time per hop.
+// 01_ring: the smallest chorus program. Starts N local ranks (or joins a job started by mpirun,
+// srun or torchrun --no_python; docs/torch.md), passes a token around the ring, then streams a
+// buffer around it and reports the time per hop.
 //
 //   01_ring --nranks 4            # starts 4 ranks on this host
 //   mpirun -np 4 01_ring          # or let a launcher start them

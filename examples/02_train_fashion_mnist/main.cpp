@@ -6,9 +6,11 @@
 //
 //   02_train_fashion_mnist --nranks 4 --epochs 10               # 4 local ranks
 //   mpirun -np 4 02_train_fashion_mnist --no-progress           # or under mpirun or srun
+//   torchrun --no_python --redirects 1 --tee 1 --nproc_per_node 4 02_train_fashion_mnist --no-progress
 //
-// torchrun does not start C++ programs yet (its agent already serves a store on MASTER_PORT, where
-// rank 0 would open chorus's own; docs/sgd.md).
+// Under torchrun the ranks join the store its agent serves on MASTER_PORT (or, with
+// --rdzv_backend c10d, rank 0 serves chorus's own there); docs/torch.md, "C++ programs under
+// torchrun", has the flags and the two-host command.
 //
 // Per epoch it prints the loss, train and test accuracy, images/s, and the measured time per step
 // of computation (T_comp) and of synchronisation not hidden behind it (T_sync), next to the rule

@@ -36,10 +36,9 @@ fail() { echo "FAIL: $*"; failed=1; }
 command -v ip >/dev/null || skip "no 'ip' command (iproute2)"
 command -v unshare >/dev/null || skip "no 'unshare' command (util-linux)"
 
-tag="chf$$"                       # unique per test process: ctest -j runs several at once
-ns_a="${tag}a" ns_b="${tag}b"
-veth_a="${tag}va" veth_b="${tag}vb"
-addr_a=10.77.0.1 addr_b=10.77.0.2
+source "$(dirname "${BASH_SOURCE[0]}")/two_hosts.sh"
+tag="chf$$"
+two_hosts_names "$tag" 10.77.0   # ns_a, ns_b, veth_a, veth_b, addr_a (10.77.0.1), addr_b
 work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-fault.XXXXXX")
 failed=0
 pids=()
@@ -47,24 +46,13 @@ pids=()
 cleanup() {
   local p
   for p in "${pids[@]}" $(cat "$work"/host_*.pid 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-  for p in $(ip netns pids "$ns_a" 2>/dev/null) $(ip netns pids "$ns_b" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  ip netns del "$ns_a" 2>/dev/null
-  ip netns del "$ns_b" 2>/dev/null
-  ip link del "$veth_a" 2>/dev/null
+  two_hosts_remove
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-ip netns add "$ns_a" 2>/dev/null || skip "'ip netns add' failed (no CAP_SYS_ADMIN or no network namespaces here)"
-ip netns add "$ns_b" || { fail "ip netns add $ns_b"; exit 1; }
-ip link add "$veth_a" netns "$ns_a" type veth peer name "$veth_b" netns "$ns_b" || skip "cannot create a veth pair"
-ip -n "$ns_a" addr add "$addr_a/24" dev "$veth_a"
-ip -n "$ns_b" addr add "$addr_b/24" dev "$veth_b"
-for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
-ip -n "$ns_a" link set "$veth_a" up
-ip -n "$ns_b" link set "$veth_b" up
+two_hosts_create
 unshare --uts --mount --propagation private sh -c 'mount -t tmpfs tmpfs /dev/shm' 2>/dev/null ||
   skip "'unshare --uts --mount' with a private /dev/shm failed"
 
@@ -208,8 +196,7 @@ for r in 0 1 2 3; do alive "$r" && fail "rank $r process left"; done
 work_dir=$work
 cleanup
 trap - EXIT
-ip netns list | grep -q "^$tag" && fail "namespace left: $(ip netns list | grep "^$tag")"
-ip link show "$veth_a" >/dev/null 2>&1 && fail "veth $veth_a left"
+two_hosts_check_removed
 [[ -e $work_dir ]] && fail "work folder $work_dir left"
 
 if ((failed)); then echo "FAIL: $scenario"; exit 1; fi

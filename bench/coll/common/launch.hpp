@@ -6,8 +6,11 @@
 ///    program on this host (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; the launcher hosts the
 ///    store) and returns the first failure's exit status.
 /// 2. Started by torchrun, launch_local, mpirun or srun: init_method env://, as any chorus
-///    program. Without MASTER_ADDR, the rendezvous finds the store itself (docs/environment.md):
-///    under mpirun with every rank on this host, a file store named after the launcher's job id
+///    program. torchrun needs --no_python (and Debian's --redirects 1 --tee 1):
+///      torchrun --no_python --redirects 1 --tee 1 --nproc_per_node 4 all_reduce_perf -b 8 -e 1M
+///    and its ranks join the torch store its agent serves on MASTER_PORT (docs/torch.md, "C++
+///    programs under torchrun"). Without MASTER_ADDR, the rendezvous finds the store itself
+///    (docs/environment.md): under mpirun with every rank on this host, a file store named after the launcher's job id
 ///    that the ranks remove once all have opened it; under srun, the first host of the node list
 ///    (MASTER_PORT still needed); across hosts, an error that asks for MASTER_ADDR and
 ///    MASTER_PORT (mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...).

@@ -251,9 +251,13 @@ inline std::shared_ptr<Store> make_store(const Options& o, int rank, int size) {
   // of its own per restart of the worker group (torch's workers use "/worker/attempt_<n>").
   const bool env_method = o.init_method.empty() || o.init_method == "env://";
   if (env_method && !agent_store)
-    if (const auto attempt = torch_agent_store_attempt(GetEnv(&env_string)))
-      return std::make_shared<PrefixStore>("chorus/torchelastic/attempt_" + std::to_string(*attempt) + "/",
-                                           std::make_shared<TorchStore>(m.host, m.port, o.timeout, rank));
+    if (const auto attempt = torch_agent_store_attempt(GetEnv(&env_string))) {
+      const std::string prefix = "chorus/torchelastic/attempt_" + std::to_string(*attempt) + "/";
+      auto agent = std::make_shared<TorchStore>(m.host, m.port, o.timeout, rank);
+      log(LogLevel::info, LogSubsys::bootstrap, rank, "store: torchrun's agent store (a torch TCPStore) at ",
+          host_port_string(m.host, m.port), ", keys under ", prefix);
+      return std::make_shared<PrefixStore>(prefix, std::move(agent));
+    }
   return std::make_shared<TcpStore>(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
 }
 
