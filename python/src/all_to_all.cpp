@@ -52,7 +52,7 @@ std::vector<int64_t> counts_of(int rank, int size, const std::string& op, const 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                  std::vector<int64_t>& output_splits,
                                                                  std::vector<int64_t>& input_splits,
-                                                                 const c10d::AllToAllOptions&) {
+                                                                 const c10d::AllToAllOptions& opts) {
   const std::string op = "alltoall_base";
   check_tensor(rank_, op, input);
   check_same(rank_, op, input, output, false);
@@ -68,18 +68,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& out
                           std::to_string(in.numel()) + " and " + std::to_string(out.numel()) + " elements)");
     w->launch = launch(*impl_->comm, {.kind = Collective::Kind::all_to_all, .in = in, .out = out,
                                       .count = static_cast<std::size_t>(in.numel() / size_), .dt = wire.dt});
+    w->bound(opts.timeout);
     return impl_->enqueue(w);
   }
   std::vector<int64_t> in_counts = counts_of(rank_, size_, op, input_splits, in, "input");
   std::vector<int64_t> out_counts = counts_of(rank_, size_, op, output_splits, out, "output");
   w->launch =
       launch_all_to_all_v(*impl_->comm, in, out, std::move(in_counts), std::move(out_counts), wire.dt);
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall(std::vector<at::Tensor>& outputs,
                                                             std::vector<at::Tensor>& inputs,
-                                                            const c10d::AllToAllOptions&) {
+                                                            const c10d::AllToAllOptions& opts) {
   const std::string op = "alltoall";
   if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_)
     fail(rank_, op, "expects " + std::to_string(size_) + " input and output tensors");
@@ -100,15 +102,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall(std::vector<at::Tens
   const at::Tensor out = at::empty({out_total}, inputs[0].options());
   w->keep(in);
   w->keep(out);
-  w->then([out, outs = outputs]() mutable {
-    int64_t off = 0;
-    for (auto& o : outs) {
-      o.copy_(out.narrow(0, off, o.numel()).view(o.sizes()));
-      off += o.numel();
-    }
-  });
+  unpack(*w, out, outputs);
   w->launch =
       launch_all_to_all_v(*impl_->comm, in, out, std::move(in_counts), std::move(out_counts), wire.dt);
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 

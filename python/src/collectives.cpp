@@ -22,12 +22,24 @@ using Kind = Collective::Kind;
 
 std::size_t count_of(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()); }
 
-/// Copies the ranks' parts of `flat` (n elements each) into `outs`, when the work succeeds.
-void unpack_into(ChorusWork& w, const at::Tensor& flat, std::vector<at::Tensor> outs, int64_t n) {
-  w.then([flat, outs = std::move(outs), n]() mutable {
-    for (std::size_t r = 0; r < outs.size(); ++r)
-      outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
-  });
+/// One flat buffer holding `ts` one after another (a copy; empty when `ts` is).
+at::Tensor flatten(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> parts;
+  for (const auto& t : ts) parts.push_back(t.reshape({-1}));
+  return at::cat(parts);
+}
+
+/// The tensors of a coalesced call: at least one, each as check_tensor accepts, all of the dtype
+/// of the first (as gloo requires).
+void check_list(int rank, const std::string& op, const std::vector<at::Tensor>& ts) {
+  if (ts.empty()) fail(rank, op, "expects at least one tensor");
+  for (const auto& t : ts) check_same(rank, op, ts[0], t, false);
+}
+
+/// "OP (DTYPE, K tensors, N elements)".
+std::string describe_list(const std::string& op, const std::vector<at::Tensor>& ts, int64_t n) {
+  return op + " (" + dtype_name(ts[0].scalar_type()) + ", " + std::to_string(ts.size()) + " tensors, " +
+         std::to_string(n) + " elements)";
 }
 
 }  // namespace
@@ -45,6 +57,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::broadcast(std::vector<at::Ten
   const int root = static_cast<int>(opts.rootRank);
   w->launch = launch(*impl_->comm, {.kind = Kind::broadcast, .out = buf, .count = count_of(buf),
                                     .dt = wire.dt, .root = root});
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 
@@ -60,6 +73,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Ten
   w->keep(buf);
   w->launch = launch(*impl_->comm, {.kind = Kind::all_reduce, .in = buf, .out = buf, .count = count_of(buf),
                                     .dt = wire.dt, .op = rop});
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 
@@ -80,11 +94,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor
   w->keep(out);
   w->launch = launch(*impl_->comm, {.kind = Kind::reduce, .in = in, .out = out, .count = count_of(in),
                                     .dt = wire.dt, .op = rop, .root = root});
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                   const c10d::AllgatherOptions&) {
+                                                                   const c10d::AllgatherOptions& opts) {
   const std::string op = "_allgather_base";
   check_tensor(rank_, op, input);
   check_same(rank_, op, input, output, false);
@@ -99,12 +114,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor& o
   w->keep(out);
   w->launch = launch(*impl_->comm,
                      {.kind = Kind::all_gather, .in = in, .out = out, .count = count_of(in), .dt = wire.dt});
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                              std::vector<at::Tensor>& inputs,
-                                                             const c10d::AllgatherOptions&) {
+                                                             const c10d::AllgatherOptions& opts) {
   const std::string op = "allgather";
   check_single(rank_, op, inputs);
   if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_)
@@ -117,9 +133,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::ve
   const at::Tensor flat = at::empty({input.numel() * size_}, input.options());
   w->keep(in);
   w->keep(flat);
-  unpack_into(*w, flat, outputs[0], input.numel());
+  unpack(*w, flat, outputs[0]);
   w->launch = launch(*impl_->comm,
                      {.kind = Kind::all_gather, .in = in, .out = flat, .count = count_of(in), .dt = wire.dt});
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 
@@ -147,10 +164,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::gather(std::vector<std::vecto
   w->keep(in);
   if (rank_ == root) {
     w->keep(flat);
-    unpack_into(*w, flat, outs, input.numel());
+    unpack(*w, flat, outs);
   }
   w->launch = launch(*impl_->comm, {.kind = Kind::gather, .in = in, .out = flat, .count = count_of(in),
                                     .dt = wire.dt, .root = root});
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 
@@ -167,9 +185,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::scatter(std::vector<at::Tenso
     if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_)
       fail(rank_, op, "the root expects one list of " + std::to_string(size_) + " input tensors");
     for (const auto& i : inputs[0]) check_same(rank_, op, output, i, true);
-    std::vector<at::Tensor> parts;
-    for (const auto& i : inputs[0]) parts.push_back(i.reshape({-1}));
-    flat = at::cat(parts);
+      flat = flatten(inputs[0]);
   } else if (!inputs.empty() && !inputs[0].empty()) {
     fail(rank_, op, "only the root takes input tensors");
   }
@@ -180,12 +196,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::scatter(std::vector<at::Tenso
   if (flat.defined()) w->keep(flat);
   w->launch = launch(*impl_->comm, {.kind = Kind::scatter, .in = flat, .out = out, .count = count_of(out),
                                     .dt = wire.dt, .root = root});
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  const std::string op = "_reduce_scatter_base";
+  return reduce_scatter_flat(output, input, opts, c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter_flat(at::Tensor& output, at::Tensor& input,
+                                                                       const c10d::ReduceScatterOptions& opts,
+                                                                       c10d::OpType type, const std::string& op) {
   check_tensor(rank_, op, output);
   check_same(rank_, op, output, input, false);
   if (input.numel() != output.numel() * size_)
@@ -193,8 +215,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(
                         std::to_string(output.numel() * size_));
   const Wire wire = wire_of(rank_, op, output.scalar_type());
   const chorus::ReduceOp rop = op_of(rank_, op, opts.reduceOp, wire);
-  auto w = impl_->make(c10d::OpType::_REDUCE_SCATTER_BASE,
-                       describe(op, output) + " " + name_of(opts.reduceOp.op_), {output});
+  auto w = impl_->make(type, describe(op, output) + " " + name_of(opts.reduceOp.op_), {output});
   const at::Tensor in = input.contiguous();
   const at::Tensor out = staged(*w, output, true);
   w->keep(in);
@@ -202,6 +223,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(
   w->launch = launch(
       *impl_->comm,
       {.kind = Kind::reduce_scatter, .in = in, .out = out, .count = count_of(out), .dt = wire.dt, .op = rop});
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 
@@ -214,16 +236,66 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(
     fail(rank_, op, "expects one list of " + std::to_string(size_) + " input tensors");
   const at::Tensor output = outputs[0];
   for (const auto& i : inputs[0]) check_same(rank_, op, output, i, true);
-  std::vector<at::Tensor> parts;
-  for (const auto& i : inputs[0]) parts.push_back(i.reshape({-1}));
-  at::Tensor flat = at::cat(parts);
+  at::Tensor flat = flatten(inputs[0]);
   at::Tensor out = output;
-  return _reduce_scatter_base(out, flat, opts);
+  return reduce_scatter_flat(out, flat, opts, c10d::OpType::REDUCE_SCATTER, op);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions&) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions& opts) {
   auto w = impl_->make(c10d::OpType::BARRIER, "barrier", {});
   w->launch = launch(*impl_->comm, {.kind = Kind::barrier});
+  w->bound(opts.timeout);
+  return impl_->enqueue(w);
+}
+
+// The coalesced calls, as gloo does them: the tensors are packed into one flat buffer, which one
+// chorus call carries, and unpacked when it succeeds. The results are those of one call per
+// tensor: each element is reduced or gathered alone, whatever its neighbours.
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                       const c10d::AllreduceCoalescedOptions& opts) {
+  const std::string op = "allreduce_coalesced";
+  check_list(rank_, op, tensors);
+  const Wire wire = wire_of(rank_, op, tensors[0].scalar_type());
+  const chorus::ReduceOp rop = op_of(rank_, op, opts.reduceOp, wire);
+  const at::Tensor flat = flatten(tensors);
+  auto w = impl_->make(c10d::OpType::ALLREDUCE_COALESCED,
+                       describe_list(op, tensors, flat.numel()) + " " + name_of(opts.reduceOp.op_), tensors);
+  w->keep(flat);
+  unpack(*w, flat, tensors);
+  w->launch = launch(*impl_->comm, {.kind = Kind::all_reduce, .in = flat, .out = flat, .count = count_of(flat),
+                                    .dt = wire.dt, .op = rop});
+  w->bound(opts.timeout);
+  return impl_->enqueue(w);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  const std::string op = "allgather_coalesced";
+  check_list(rank_, op, inputs);
+  // outputs[r][i] receives rank r's inputs[i].
+  if (static_cast<int>(outputs.size()) != size_)
+    fail(rank_, op, "expects " + std::to_string(size_) + " output lists (one per rank), not " +
+                        std::to_string(outputs.size()));
+  std::vector<at::Tensor> outs;
+  for (const auto& list : outputs) {
+    if (list.size() != inputs.size())
+      fail(rank_, op, "each output list must hold " + std::to_string(inputs.size()) +
+                          " tensors (one per input), not " + std::to_string(list.size()));
+    for (std::size_t i = 0; i < list.size(); ++i) check_same(rank_, op, inputs[i], list[i], true);
+    outs.insert(outs.end(), list.begin(), list.end());
+  }
+  const Wire wire = wire_of(rank_, op, inputs[0].scalar_type());
+  const at::Tensor in = flatten(inputs);
+  const at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+  auto w = impl_->make(c10d::OpType::ALLGATHER_COALESCED, describe_list(op, inputs, in.numel()), outs);
+  w->keep(in);
+  w->keep(flat);
+  unpack(*w, flat, outs);
+  w->launch = launch(*impl_->comm,
+                     {.kind = Kind::all_gather, .in = in, .out = flat, .count = count_of(in), .dt = wire.dt});
+  w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
 

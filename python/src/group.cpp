@@ -23,92 +23,38 @@ ProcessGroupChorus::Impl::Impl(const c10::intrusive_ptr<c10d::Store>& store, int
   o.store = std::make_shared<C10dStore>(store);
   if (timeout.count() > 0) o.timeout = timeout;
   try {
-    comm = std::make_unique<Comm>(Comm::create(std::move(o)));
+    comm = std::make_shared<Comm>(Comm::create(std::move(o)));
   } catch (const std::exception& e) {
     fail(r, "init (rendezvous through the c10d store)", e.what());
   }
-  dispatcher = std::thread([this] { dispatch_loop(); });
 }
 
 ProcessGroupChorus::Impl::~Impl() {
-  // The dispatcher issues whatever is still queued, then stops; finalize() lets what was issued
-  // finish (as gloo and NCCL finish queued work before they go), each call bounded by the group's
-  // timeout, rather than aborting it under peers that are still in it. Its errors belong to the
-  // Works (nobody waited for them); the communicator's destructor then aborts what is left.
-  {
-    std::lock_guard lk(queue_mu);
-    stopping = true;
-  }
-  queue_cv.notify_all();
-  dispatcher.join();
+  // finalize() lets what was issued finish (as gloo and NCCL finish queued work before they go),
+  // each call bounded by the group's timeout, rather than aborting it under peers that are still
+  // in it. Its errors belong to the Works (nobody waited for them); the communicator's destructor
+  // then aborts what is left.
   try {
     comm->finalize();
   } catch (const std::exception&) {
   }
-  // Nothing is queued now (the dispatcher drained it); a Work queued all the same never ran.
-  std::deque<c10::intrusive_ptr<ChorusWork>> left;
-  {
-    std::lock_guard lk(queue_mu);
-    for (auto& w : queue) w->issued = true;
-    left.swap(queue);
-  }
-  for (auto& w : left) w->fail_with(std::runtime_error("the process group was destroyed before it ran"));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::Impl::enqueue(c10::intrusive_ptr<ChorusWork> w) {
   {
-    std::lock_guard lk(queue_mu);
-    queue.push_back(w);
+    std::lock_guard il(issue_mu);
+    try {
+      w->launch(*w);
+    } catch (const std::exception& e) {
+      w->fail_with(e);
+    }
   }
-  queue_cv.notify_one();
+  w->launch = nullptr;  // drop the tensors it captured (the Work keeps what the call uses)
   return w;
-}
-
-void ProcessGroupChorus::Impl::issue(ChorusWork& w, bool blocking) {
-  try {
-    w.launch(w, blocking);
-  } catch (const std::exception& e) {
-    w.fail_with(e);
-  }
-  w.launch = nullptr;  // drop the tensors it captured
-}
-
-void ProcessGroupChorus::Impl::drain(ChorusWork* target) {
-  std::lock_guard il(issue_mu);
-  for (;;) {
-    c10::intrusive_ptr<ChorusWork> w;
-    {
-      std::lock_guard lk(queue_mu);
-      if (queue.empty() || (target && target->issued)) return;
-      w = queue.front();
-      queue.pop_front();
-      w->issued = true;
-    }
-    const bool mine = w.get() == target;
-    issue(*w, mine);
-    if (mine) return;
-  }
-}
-
-void ProcessGroupChorus::Impl::dispatch_loop() {
-  for (;;) {
-    bool stop = false;
-    {
-      std::unique_lock lk(queue_mu);
-      queue_cv.wait(lk, [&] { return stopping || !queue.empty(); });
-      stop = stopping;
-    }
-    drain(nullptr);  // on stopping too: what was queued before the group went still runs
-    if (stop) return;
-  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::Impl::post_p2p(
     c10::intrusive_ptr<ChorusWork> w, const std::function<chorus::Request()>& post) {
-  {
-    std::lock_guard lk(queue_mu);
-    w->issued = true;
-  }
   try {
     chorus::Request r;
     {
@@ -126,8 +72,8 @@ ProcessGroupChorus::ProcessGroupChorus(const Ptr<c10d::Store>& store, int rank, 
                                        std::chrono::milliseconds timeout)
     : ProcessGroup(rank, size), impl_(std::make_unique<Impl>(store, rank, size, timeout)) {}
 
-// Destruction waits for the group's threads (the dispatcher, the communicator's worker and
-// progress threads), and those may need the GIL: a thread that drops the last reference to a
+// Destruction waits for the group's threads (the communicator's worker and progress threads),
+// and those may need the GIL: a thread that drops the last reference to a
 // tensor whose Python object the program has already dropped (torch then keeps the object alive
 // from C++) takes the GIL to free it. torch.distributed destroys a group from Python
 // (destroy_process_group, or the last reference going), holding the GIL: waiting with it held

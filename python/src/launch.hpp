@@ -2,10 +2,11 @@
 #pragma once
 // How a queued Work hands its operation to chorus: the one launch closure of the collectives.
 //
-// A collective is described as plain data (Collective); launch() turns it into the Work's launch,
-// which runs it as chorus's blocking call when the Work is issued to a waiting thread, and as the
-// *_async call otherwise (see group.hpp for which). all_to_all with per-rank counts has a launch
-// of its own: chorus runs it point to point, blocking.
+// A collective is described as plain data (Collective: chorus::Call's fields, with tensors for
+// its buffers); launch() turns it into the Work's launch, which starts it through chorus's one
+// type-erased entry point (chorus::start, chorus/call.hpp) and attaches its request to the Work.
+// all_to_all with per-rank counts has a launch of its own: chorus runs it point to point,
+// blocking, on the thread that issues it.
 
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include "chorus/algo/descriptor.hpp"  // chorus::CallKind's enumeration, without the communicator
 #include "chorus/core/types.hpp"
 #include "work.hpp"
 
@@ -20,12 +22,10 @@ namespace chorus_torch {
 
 class Comm;  // comm.hpp
 
-/// One collective in chorus's pointer form. Tensors rather than pointers, so that the launch
-/// keeps them alive; their data is read when the collective is issued.
+/// One collective as chorus::Call describes it, with tensors rather than pointers, so that the
+/// launch keeps them alive; their data is read when the collective is issued.
 struct Collective {
-  enum class Kind {
-    broadcast, all_reduce, reduce, all_gather, gather, scatter, reduce_scatter, all_to_all, barrier
-  };
+  using Kind = chorus::algo::CollectiveKind;  ///< chorus::CallKind (call.hpp)
 
   Kind kind = Kind::barrier;
   at::Tensor in{};   ///< undefined where this rank sends nothing (scatter off the root); broadcast: unused
@@ -36,8 +36,7 @@ struct Collective {
   int root = -1;                                ///< broadcast, reduce, gather, scatter
 };
 
-/// The launch of `call` on `comm`: blocking, it runs the call and completes the Work; else it
-/// starts the *_async call and attaches its request.
+/// The launch of `call` on `comm`: starts it (chorus::start) and attaches its request.
 ChorusWork::Launch launch(Comm& comm, Collective call);
 
 /// The launch of an all_to_all with per-rank counts: `in_counts[p]` elements of `in` go to rank p,

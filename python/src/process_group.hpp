@@ -13,13 +13,14 @@
 /// Work that is waited for before anything started it runs on the waiting thread (no thread hop
 /// on the latency path of a blocking call). send and recv are posted at once, as gloo does.
 /// Errors (timeout, a dead peer, ranks calling different collectives) surface as exceptions
-/// naming the rank and the operation; the timeout given to init_process_group bounds every wait.
+/// naming the rank and the operation; the timeout given to init_process_group bounds every wait,
+/// and Work.wait(timeout) or an options object's `timeout` bounds one call (work.hpp).
 ///
 /// The moving parts are c10d-version neutral except the base class and the Work type: for torch
 /// 2.x the class would derive from c10d::Backend with the same overrides.
 ///
-/// Where the parts are: group.hpp (the communicator and the call queue; the group's lifetime),
-/// work.hpp (the Work objects), launch.hpp (how a queued collective is handed to chorus),
+/// Where the parts are: group.hpp (the communicator, how calls reach it; the group's lifetime),
+/// work.hpp (the Work objects), launch.hpp (how a collective is handed to chorus: chorus::Call),
 /// collectives.cpp and all_to_all.cpp (the collectives), point_to_point.cpp (send, recv),
 /// arguments.hpp (dtypes, reduce ops and argument checks), store_adapter.hpp (the c10d store as
 /// chorus's Store), comm.hpp (the communicator type), module.cpp (the Python module).
@@ -49,10 +50,13 @@ class ProcessGroupChorus final : public c10d::ProcessGroup {
 
   Ptr<Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   Ptr<Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  Ptr<Work> allreduce_coalesced(std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
   Ptr<Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   Ptr<Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                       const c10d::AllgatherOptions& opts) override;
   Ptr<Work> _allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) override;
+  Ptr<Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                const c10d::AllgatherOptions& opts) override;
   Ptr<Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                    const c10d::GatherOptions& opts) override;
   Ptr<Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -73,6 +77,10 @@ class ProcessGroupChorus final : public c10d::ProcessGroup {
   struct Impl;
 
  private:
+  /// reduce_scatter and _reduce_scatter_base: `input` holds size x `output`'s elements.
+  Ptr<Work> reduce_scatter_flat(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts,
+                                c10d::OpType type, const std::string& op);
+
   std::unique_ptr<Impl> impl_;
 };
 

@@ -3,22 +3,57 @@
 
 #include "work.hpp"
 
+#include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include "arguments.hpp"
+#include "comm.hpp"
 #include "group.hpp"
 
 namespace chorus_torch {
 
-ChorusWork::ChorusWork(ProcessGroupChorus::Impl* pg, int rank, c10d::OpType type, std::string what,
+ChorusWork::ChorusWork(std::weak_ptr<Comm> comm, int rank, c10d::OpType type, std::string what,
                        std::vector<at::Tensor> outputs, int source)
-    : Work(rank, type),
-      pg_(pg),
+    : Work(rank, type, title_of(type), outputs),
+      comm_(std::move(comm)),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
       source_(source),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+const char* ChorusWork::title_of(c10d::OpType type) {
+  // As gloo names its operations ("gloo:all_reduce", "gloo:send", ...); the ones gloo lacks as
+  // torch names them (NCCL's "nccl:_all_gather_base", ...). String literals: the profiler keeps
+  // the pointer.
+  using T = c10d::OpType;
+  switch (type) {
+    case T::BROADCAST: return "chorus:broadcast";
+    case T::ALLREDUCE: return "chorus:all_reduce";
+    case T::ALLREDUCE_COALESCED: return "chorus:all_reduce_coalesced";
+    case T::REDUCE: return "chorus:reduce";
+    case T::ALLGATHER: return "chorus:all_gather";
+    case T::_ALLGATHER_BASE: return "chorus:_all_gather_base";
+    case T::ALLGATHER_COALESCED: return "chorus:all_gather_coalesced";
+    case T::GATHER: return "chorus:gather";
+    case T::SCATTER: return "chorus:scatter";
+    case T::REDUCE_SCATTER: return "chorus:reduce_scatter";
+    case T::_REDUCE_SCATTER_BASE: return "chorus:_reduce_scatter_base";
+    case T::ALLTOALL_BASE:
+    case T::ALLTOALL: return "chorus:all_to_all";
+    case T::SEND: return "chorus:send";
+    case T::RECV: return "chorus:recv";
+    case T::RECVANYSOURCE: return "chorus:recvAnySource";
+    case T::BARRIER: return "chorus:barrier";
+    case T::UNKNOWN: break;
+  }
+  return "chorus:unknown";
+}
+
+void ChorusWork::bound(std::chrono::milliseconds timeout) {
+  if (timeout > std::chrono::milliseconds(0)) bound_ = timeout;  // kUnsetTimeout (-1): the group's
+}
 
 void ChorusWork::attach(std::vector<chorus::Request> reqs) {
   {
@@ -28,15 +63,13 @@ void ChorusWork::attach(std::vector<chorus::Request> reqs) {
   pending_.store(static_cast<int>(reqs.size()) + 1);
   c10::intrusive_ptr<ChorusWork> self = c10::intrusive_ptr<ChorusWork>::reclaim_copy(this);
   for (auto& r : reqs) {
-    if (!r.state()) {
-      arrive(nullptr);
-      continue;
-    }
-    chorus::detail::RequestState* st = r.state().get();
-    st->then([self, st] {
-      std::string what;
-      chorus::ErrorCode code{};
-      self->arrive(st->failed(&code, &what) ? self->error(what) : nullptr);
+    r.on_complete([self](std::exception_ptr e) {
+      if (!e) return self->arrive(nullptr);
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        self->arrive(self->error(ex.what()));
+      }
     });
   }
   arrive(nullptr);
@@ -47,23 +80,70 @@ std::exception_ptr ChorusWork::error(const std::string& what) const {
 }
 
 bool ChorusWork::wait(std::chrono::milliseconds timeout) {
-  if (!issued.load()) pg_->drain(this);
+  // The earlier of the wait's own timeout and the call's bound, where either is set.
+  const auto now = Clock::now();
+  const bool by_wait = timeout > kNoTimeout;
+  const bool by_bound = bound_.count() > 0;
+  const bool wait_first = by_wait && (!by_bound || now + timeout <= created_ + bound_);
+  std::optional<Clock::time_point> deadline;
+  if (by_wait || by_bound) deadline = wait_first ? now + timeout : created_ + bound_;
+  const auto expire = [&] {
+    if (wait_first)
+      time_out(timeout, "the timeout given to Work.wait()");
+    else
+      time_out(bound_, "the timeout of the call's options");
+    return Work::wait(kNoTimeout);  // throws the work's error, unless it completed first
+  };
+
   std::vector<chorus::Request> reqs;
   {
     std::lock_guard lk(req_mu_);
     reqs = reqs_;
   }
-  // Drive the requests on this thread (sends and receives make progress here) and surface a
-  // timeout at once; completion itself arrives through attach()'s callbacks.
+  // Drive the requests on this thread (sends and receives make progress here; a collective runs
+  // here when its turn comes and the worker has not started it, unless the wait is bounded:
+  // Request::wait_for leaves it to the worker) and surface a chorus timeout at once; completion
+  // itself arrives through attach()'s callbacks.
   for (auto& r : reqs) {
-    if (!r.state()) continue;
+    bool done = true;
     try {
-      r.wait();
+      if (!deadline)
+        r.wait();
+      else
+        done = r.wait_for(std::max(std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now()),
+                                   std::chrono::milliseconds(0)));
     } catch (const std::exception& e) {
       finish_once(error(e.what()));
     }
+    if (!done) return expire();
   }
-  return Work::wait(timeout);
+  // Every request is done (or none was given): completion follows from their callbacks at once,
+  // or from a blocking launch that another thread runs, which the deadline bounds too.
+  if (deadline) {
+    std::unique_lock lk(mutex_);
+    if (!cv_.wait_until(lk, *deadline, [&] { return completed_; })) {
+      lk.unlock();
+      return expire();
+    }
+  }
+  return Work::wait(kNoTimeout);
+}
+
+void ChorusWork::time_out(std::chrono::milliseconds after, const char* why) {
+  // As chorus on its own timeout: no tensor of this group is written after the error is raised,
+  // and its later calls fail (with `aborted`). Only where this error is the work's (it did not
+  // complete meanwhile).
+  // The abort comes first (the work's tensors are let go only once nothing writes them), and
+  // fails the work's requests: this error is the one the work keeps.
+  std::exception_ptr e = error("did not complete within " + std::to_string(after.count()) + " ms (" + why +
+                               "); the group's communicator is aborted");
+  {
+    std::lock_guard lk(req_mu_);
+    if (finished_) return;
+    timed_out_ = e;
+  }
+  if (auto c = comm_.lock()) c->abort();
+  finish_once(e);
 }
 
 void ChorusWork::arrive(std::exception_ptr e) {
@@ -80,11 +160,12 @@ void ChorusWork::arrive(std::exception_ptr e) {
   finish_once(err);
 }
 
-void ChorusWork::finish_once(std::exception_ptr e) {
+bool ChorusWork::finish_once(std::exception_ptr e) {
   {
     std::lock_guard lk(req_mu_);
-    if (finished_) return;
+    if (finished_) return false;
     finished_ = true;
+    if (timed_out_) e = timed_out_;
   }
   if (!e) {
     try {
@@ -102,6 +183,7 @@ void ChorusWork::finish_once(std::exception_ptr e) {
     future_->setError(e);
   else
     future_->markCompleted(c10::IValue(outputs_));
+  return true;
 }
 
 at::Tensor staged(ChorusWork& w, const at::Tensor& t, bool write_back) {
@@ -109,6 +191,16 @@ at::Tensor staged(ChorusWork& w, const at::Tensor& t, bool write_back) {
   at::Tensor c = t.contiguous();
   if (write_back) w.then([t, c]() mutable { t.copy_(c); });
   return c;
+}
+
+void unpack(ChorusWork& w, const at::Tensor& flat, std::vector<at::Tensor> outs) {
+  w.then([flat, outs = std::move(outs)]() mutable {
+    int64_t off = 0;
+    for (auto& o : outs) {
+      o.copy_(flat.narrow(0, off, o.numel()).view(o.sizes()));
+      off += o.numel();
+    }
+  });
 }
 
 }  // namespace chorus_torch
