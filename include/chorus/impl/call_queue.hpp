@@ -7,7 +7,9 @@
 ///
 /// A thread that waits for an async call's request runs the call itself when its turn has come
 /// and the worker has not started it yet (the request's Driver is the queued job): so
-/// `all_reduce_async(...)` followed by `wait()` costs no hand-off to the worker and back. Turns
+/// `all_reduce_async(...)` followed by `wait()` costs no hand-off to the worker and back. A wait
+/// shorter than half the call's timeout (Request::wait_for) leaves the call to the worker, so that
+/// it returns within its bound. Turns
 /// are kept by an index per job: a job runs, on whichever thread claims it first, only once every
 /// job submitted before it has finished.
 ///
