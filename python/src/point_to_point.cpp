@@ -2,6 +2,7 @@
 // ProcessGroupChorus's send and recv: posted to chorus at once, not queued (group.hpp says why).
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,9 +41,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>&
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>&, int tag) {
-  fail(rank_, "recv from any source, tag " + std::to_string(tag),
-       "not supported by the chorus backend (chorus matches receives by source): pass src");
+// dist.recv(t) and dist.irecv(t) without src: chorus's receive from any source
+// (Communicator::irecv_any_bytes); the Work's sourceRank() names the sender once it is complete.
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const std::string op = "recv from any source tag " + std::to_string(tag);
+  check_single(rank_, op, tensors);
+  wire_of(rank_, op, tensors[0].scalar_type());
+  auto w = impl_->make(c10d::OpType::RECVANYSOURCE, describe(op, tensors[0]), tensors);
+  const at::Tensor t = staged(*w, tensors[0], true);
+  w->keep(t);
+  auto posted = std::make_shared<chorus::Request>();
+  // Runs on success before the Work completes (and is dropped with its other steps then).
+  w->then([work = w.get(), posted] { work->set_source(posted->source()); });
+  Comm* c = impl_->comm.get();
+  return impl_->post_p2p(w, [c, t, tag, posted] {
+    *posted = c->irecv_any_bytes(chorus::MutableBytes{static_cast<std::byte*>(data_of(t)), t.nbytes()}, tag);
+    return *posted;
+  });
 }
 
 }  // namespace chorus_torch
