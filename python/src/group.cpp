@@ -38,6 +38,8 @@ ProcessGroupChorus::Impl::~Impl() {
     comm->finalize();
   } catch (const std::exception&) {
   }
+  // The futures of what finished go before the communicator (their callbacks may still call it).
+  completions->stop();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::Impl::enqueue(c10::intrusive_ptr<ChorusWork> w) {

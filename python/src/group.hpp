@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "chorus/core/request.hpp"
+#include "completions.hpp"
 #include "process_group.hpp"
 #include "work.hpp"
 
@@ -35,6 +36,8 @@ struct ProcessGroupChorus::Impl {
   int rank;
   int size;
   std::shared_ptr<Comm> comm;  ///< shared with the Works (weakly), which abort it on a per-call timeout
+  /// Completes the Works' futures off chorus's thread (completions.hpp); the Works hold it weakly.
+  std::shared_ptr<Completions> completions = std::make_shared<Completions>();
 
   std::mutex issue_mu;  ///< held while handing collectives to chorus: call order
   std::mutex p2p_mu;    ///< serialises posting sends and receives
@@ -47,7 +50,7 @@ struct ProcessGroupChorus::Impl {
 
   c10::intrusive_ptr<ChorusWork> make(c10d::OpType type, std::string what, std::vector<at::Tensor> outputs,
                                       int source = -1) {
-    return c10::make_intrusive<ChorusWork>(comm, rank, type, std::move(what), std::move(outputs), source);
+    return c10::make_intrusive<ChorusWork>(comm, completions, rank, type, std::move(what), std::move(outputs), source);
   }
 
   /// Hands a work whose launch is set to chorus (its call queue), in call order; a launch that

@@ -10,14 +10,16 @@
 
 #include "arguments.hpp"
 #include "comm.hpp"
+#include "completions.hpp"
 #include "group.hpp"
 
 namespace chorus_torch {
 
-ChorusWork::ChorusWork(std::weak_ptr<Comm> comm, int rank, c10d::OpType type, std::string what,
-                       std::vector<at::Tensor> outputs, int source)
+ChorusWork::ChorusWork(std::weak_ptr<Comm> comm, std::weak_ptr<Completions> completions, int rank,
+                       c10d::OpType type, std::string what, std::vector<at::Tensor> outputs, int source)
     : Work(rank, type, title_of(type), outputs),
       comm_(std::move(comm)),
+      completions_(std::move(completions)),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
       source_(source),
@@ -79,7 +81,25 @@ std::exception_ptr ChorusWork::error(const std::string& what) const {
   return std::make_exception_ptr(std::runtime_error(prefix(rank_, what_) + what));
 }
 
+namespace {
+/// True on a thread inside ChorusWork::wait: a work it finishes completes its future there.
+thread_local bool t_waiting = false;
+}  // namespace
+
 bool ChorusWork::wait(std::chrono::milliseconds timeout) {
+  struct Waiting {
+    bool was = t_waiting;
+    Waiting() { t_waiting = true; }
+    ~Waiting() { t_waiting = was; }
+  } waiting;
+  const bool done = wait_for_work(timeout);
+  // As gloo: the future is complete when wait() returns (its completion may have been handed
+  // to a completion thread).
+  if (done && !future_->completed()) future_->wait();
+  return done;
+}
+
+bool ChorusWork::wait_for_work(std::chrono::milliseconds timeout) {
   // The earlier of the wait's own timeout and the call's bound, where either is set.
   const auto now = Clock::now();
   const bool by_wait = timeout > kNoTimeout;
@@ -179,10 +199,20 @@ bool ChorusWork::finish_once(std::exception_ptr e) {
   post_.clear();
   keep_.clear();
   finish(e);
-  if (e)
-    future_->setError(e);
+  // The future's callbacks may start a collective and wait for it (PowerSGD): not on chorus's
+  // thread, which finishes the works nobody waits for (completions.hpp). A thread in wait()
+  // marks it itself (no thread hop for a blocking call).
+  auto complete_future = [f = future_, e, v = c10::IValue(outputs_)]() mutable {
+    if (e)
+      f->setError(e);
+    else
+      f->markCompleted(std::move(v));
+  };
+  std::shared_ptr<Completions> c = t_waiting ? nullptr : completions_.lock();
+  if (c)
+    c->post(std::move(complete_future));
   else
-    future_->markCompleted(c10::IValue(outputs_));
+    complete_future();
   return true;
 }
 

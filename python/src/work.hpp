@@ -39,7 +39,8 @@
 
 namespace chorus_torch {
 
-class Comm;  // comm.hpp
+class Comm;         // comm.hpp
+class Completions;  // completions.hpp
 
 class ChorusWork final : public c10d::Work {
  public:
@@ -49,8 +50,9 @@ class ChorusWork final : public c10d::Work {
 
   using Clock = std::chrono::steady_clock;
 
-  ChorusWork(std::weak_ptr<Comm> comm, int rank, c10d::OpType type, std::string what,
-             std::vector<at::Tensor> outputs, int source = -1);
+  /// `completions` marks the future completed (its callbacks run there, not on chorus's thread).
+  ChorusWork(std::weak_ptr<Comm> comm, std::weak_ptr<Completions> completions, int rank, c10d::OpType type,
+             std::string what, std::vector<at::Tensor> outputs, int source = -1);
 
   /// Drives the work's requests (a collective chorus has not started yet runs on this thread,
   /// unless a timeout bounds the wait) and waits for completion: at most `timeout` when it is not
@@ -88,6 +90,8 @@ class ChorusWork final : public c10d::Work {
   Launch launch;
 
  private:
+  /// wait() but for the future: the work itself complete (or its error thrown).
+  bool wait_for_work(std::chrono::milliseconds timeout);
   void arrive(std::exception_ptr e);
   /// Completes the work with `e` (null: success) unless it is complete already; true if it was not.
   bool finish_once(std::exception_ptr e);
@@ -96,6 +100,7 @@ class ChorusWork final : public c10d::Work {
   void time_out(std::chrono::milliseconds after, const char* why);
 
   std::weak_ptr<Comm> comm_;  ///< aborted when a per-call timeout passes
+  std::weak_ptr<Completions> completions_;  ///< gone: the future completes on the finishing thread
   std::string what_;
   std::vector<at::Tensor> outputs_;
   Clock::time_point created_ = Clock::now();

@@ -43,12 +43,6 @@ STEPS = 6
 HOOKS = ["allreduce", "fp16_compress", "bf16_compress", "powerSGD"]
 # Largest parameter difference from the gloo run allowed at 3 ranks (see the module's comment).
 MAX_DIFF_3 = {"allreduce": 1e-5, "fp16_compress": 2e-4, "bf16_compress": 2e-3, "powerSGD": 1e-5}
-# PowerSGD's callback (compute_qs) issues an all_reduce and waits for it inside a future's then():
-# on chorus the callback runs on the group's communicator thread, which that all_reduce needs, so
-# it deadlocks (rank 1 times out after the group's timeout, rank 0 hangs). Known; see docs/torch.md.
-# Strict: the test fails once it passes, to have this mark removed.
-POWERSGD_DEADLOCK = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                      reason="a future callback that waits on a collective deadlocks")
 
 
 def bf16_hook(state, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -145,7 +139,7 @@ def test_bf16_hook_refused_by_name(tmp_path_factory):
             assert out["chorus"] == out["gloo"], out
 
 
-@pytest.mark.parametrize("hook", [h if h != "powerSGD" else pytest.param(h, marks=POWERSGD_DEADLOCK) for h in HOOKS])
+@pytest.mark.parametrize("hook", HOOKS)
 @pytest.mark.parametrize("world", [2, 3])
 def test_hook_matches_gloo(world, hook, tmp_path_factory):
     res = results(world, hook, tmp_path_factory)
