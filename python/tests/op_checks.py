@@ -395,8 +395,13 @@ class Checks:
                     wk.wait()
                 self.expect(cat, torch.equal(a, make(prv, dtype, n, seed + 1)) and torch.equal(b, make(prv, dtype, n, seed + 2)),
                             "isend/irecv %s n=%d" % (dtype, n))
-        # recv from any source: a clear error
-        self.expect_error(cat, lambda: dist.recv(torch.empty(1)), ["any source", "src"])
+        # recv without src (any source) returns the sender: the left neighbour, the only one sending on tag 9
+        got = torch.empty(3)
+        wk = dist.isend(make(r, torch.float32, 3, 99), dst=nxt, tag=9)
+        src = dist.recv(got, tag=9)
+        wk.wait()
+        self.expect(cat, src == prv and torch.equal(got, make(prv, torch.float32, 3, 99)),
+                    "recv without src returned rank %s (expected %d)" % (src, prv))
 
     def barrier(self):
         cat = "barrier"
