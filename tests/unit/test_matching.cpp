@@ -2,17 +2,26 @@
 // TagMatcher (transport/matching.hpp): what a link that breaks keeps of its early messages.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "chorus/core/request.hpp"
 #include "chorus/transport/matching.hpp"
 
 namespace unit_test_matching {
 
 namespace {
+using State = chorus::detail::RequestState;
+std::shared_ptr<State> ordinary() {
+  return std::make_shared<State>(chorus::ErrorContext{}, std::chrono::milliseconds(1000));
+}
 struct Recv {
   int id = 0;
   chorus::Tag tag = 0;
+  std::shared_ptr<State> req = ordinary();
+  int source = 0;  ///< the peer of the link the entry is on
 };
 /// An early message: large ones (rts) cannot be fetched once the link broke.
 struct Arrival {
@@ -101,4 +110,37 @@ TEST_CASE("matching: remove_unexpected_if keeps the others in order") {
   CHECK(left == want);
 }
 
+}  // namespace unit_test_matching
+
+namespace unit_test_matching {
+TEST_CASE("matching: a receive from any source is taken by one link only; the others drop its entry") {
+  chorus::detail::TagMatcher<Recv, Arrival> from1, from2;  // the matchers of the links from ranks 1 and 2
+  auto any = ordinary();
+  any->set_any_source(2);
+  Recv on1{1, 0, any, 1}, on2{1, 0, any, 2};
+  CHECK(from1.admit(on1, false));
+  CHECK(from2.admit(on2, false));
+  from1.add_posted(7, on1);
+  from2.add_posted(7, on2);
+  from2.add_posted(7, Recv{2, 0, ordinary(), 2});  // an ordinary receive behind it on the link from 2
+  CHECK(any->source_open());
+  auto got = from2.take_posted(7);  // rank 2's message arrives first
+  REQUIRE(got);
+  CHECK(got->id == 1);
+  CHECK(any->source() == 2);
+  CHECK_FALSE(any->source_open());
+  auto next1 = from1.take_posted(7);  // rank 1's: the entry is taken already, nothing else waits
+  CHECK_FALSE(next1);
+  auto next2 = from2.take_posted(7);  // rank 2's next message: the ordinary receive
+  REQUIRE(next2);
+  CHECK(next2->id == 2);
+  // A withdrawn receive (its timeout) is never taken.
+  auto late = ordinary();
+  late->set_any_source(1);
+  Recv w{3, 0, late, 1};
+  CHECK(from1.admit(w, false));
+  from1.add_posted(8, w);
+  CHECK(late->withdraw_source());
+  CHECK_FALSE(from1.take_posted(8));
+}
 }  // namespace unit_test_matching
