@@ -5,7 +5,11 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <utility>
+
 #include "support/communicators.hpp"
+#include "support/spawn.hpp"
 
 namespace chorus::test {
 
@@ -35,6 +39,29 @@ struct AutoProcesses {
   using Transport = chorus::hybrid::Transport;
   static constexpr bool kProcesses = true;
 };
+
+/// Creates a communicator of M's transport on every rank of an n-rank world (threads or
+/// processes, as M says) and runs fn(comm, store) on each; store is the one the ranks met
+/// through. `timeout` is the communicators' (Options::timeout); a run of processes is bounded by
+/// it plus 60 s.
+template <class M, class Fn>
+void run_world(int n, const Fn& fn, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  auto body = [&fn](int, chorus::Options o) {
+    auto store = o.store;
+    auto comm = chorus::Communicator<typename M::Transport>::create(std::move(o));
+    fn(comm, *store);
+  };
+  if constexpr (M::kProcesses) {
+    ProcessOptions p;
+    p.comm_timeout = timeout;
+    p.timeout = timeout + std::chrono::seconds(60);
+    run_processes(n, body, p);
+  } else {
+    ThreadOptions t;
+    t.timeout = timeout;
+    run_threads(n, body, t);
+  }
+}
 
 }  // namespace chorus::test
 

@@ -36,6 +36,7 @@ using chorus::Request;
 using chorus::test::expect;
 using chorus::test::expect_eq;
 using chorus::test::expect_error;
+using chorus::test::run_world;
 
 using chorus::test::AutoProcesses;
 using chorus::test::InprocThreads;
@@ -44,26 +45,6 @@ using chorus::test::TcpProcesses;
 using chorus::test::TcpThreads;
 
 constexpr auto kTimeout = 30s;  // every chorus wait in these tests: a bug fails, never hangs
-
-/// Runs fn(comm, store) on every rank of an n-rank world of mode M, with communicator timeout t.
-template <class M, class Fn>
-void run_world(int n, const Fn& fn, std::chrono::milliseconds t = kTimeout) {
-  auto body = [&fn](int, chorus::Options o) {
-    auto store = o.store;
-    auto comm = chorus::Communicator<typename M::Transport>::create(std::move(o));
-    fn(comm, *store);
-  };
-  if constexpr (M::kProcesses) {
-    chorus::test::ProcessOptions p;
-    p.comm_timeout = t;
-    p.timeout = t + 60s;
-    chorus::test::run_processes(n, body, p);
-  } else {
-    chorus::test::ThreadOptions o;
-    o.timeout = t;
-    chorus::test::run_threads(n, body, o);
-  }
-}
 
 /// Every byte depends on (sender, tag, round, message, index), and the first 8 bytes carry
 /// (sender, message) so the receiver can name what it got.

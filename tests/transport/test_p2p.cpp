@@ -36,6 +36,7 @@ using chorus::Request;
 using chorus::test::expect;
 using chorus::test::expect_eq;
 using chorus::test::expect_error;
+using chorus::test::run_world;
 
 using chorus::test::InprocThreads;
 using chorus::test::ShmProcesses;
@@ -44,26 +45,6 @@ using chorus::test::TcpThreads;
 
 constexpr int kWorldSizes[] = {2, 3, 4, 8};
 constexpr auto kTimeout = 30s;  // every chorus wait in these tests: a bug fails, never hangs
-
-/// Creates a communicator on every rank of an n-rank world (threads or processes, as M says) and
-/// runs fn(comm, store) on each; store is the one the ranks rendezvoused through.
-template <class M, class Fn>
-void run_world(int n, const Fn& fn) {
-  auto body = [&fn](int, chorus::Options o) {
-    auto store = o.store;
-    auto comm = chorus::Communicator<typename M::Transport>::create(std::move(o));
-    fn(comm, *store);
-  };
-  if constexpr (M::kProcesses) {
-    chorus::test::ProcessOptions p;
-    p.comm_timeout = kTimeout;
-    chorus::test::run_processes(n, body, p);
-  } else {
-    chorus::test::ThreadOptions t;
-    t.timeout = kTimeout;
-    chorus::test::run_threads(n, body, t);
-  }
-}
 
 // ---- data pattern ----------------------------------------------------------------------------
 
