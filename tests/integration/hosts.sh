@@ -7,7 +7,8 @@
 # /dev/shm), held by one process per host (a `sleep infinity` in all three namespaces), so every
 # command started with hosts_exec on host i shares them, as the processes of one machine do:
 # chorus's auto transport sees one host per namespace host (shm inside, tcp across).
-# The caller defines skip (exit 77) and fail (records a failure; may return).
+# The caller defines skip (exit 77) and fail (records a failure; may return), and sets a trap that
+# calls hosts_remove before hosts_create (which may stop halfway, with skip or exit 1).
 #
 #   hosts_names <tag> <a.b.c>   sets the names, unique per tag (ctest -j runs several tests at
 #                               once): hosts_tag, hosts_prefix, hosts_brns (the bridge namespace
@@ -22,22 +23,23 @@
 #                               cannot be made (not root, no ip, unshare or nsenter).
 #   hosts_exec <i> <cmd...>     runs cmd on host i (its network, UTS and mount namespaces; the
 #                               working directory stays the caller's) and returns its status;
-#                               with `hosts_exec i cmd &`, wait $! gives cmd's status (hosts_remove
-#                               ends cmd itself).
+#                               with `hosts_exec i cmd &`, wait $! gives cmd's status ($! may be
+#                               a shell around cmd: killing it may leave cmd running, hosts_remove
+#                               ends everything on the hosts).
 #   hosts_shape <rate> [<burst>] [<delay>]
 #                               tc tbf (rate as tc writes it: 1gbit, 500mbit; burst default 256kb,
 #                               latency 100ms) on both ends of every host's veth, so each host's
 #                               link carries at most rate in each direction. With a delay (tc time,
 #                               e.g. 1ms): netem adds it on both ends as well (each crossing of a
 #                               link: host to host is twice the delay); where the kernel has no
-#                               netem, fail names it and nothing is shaped.
+#                               netem, fail names it, nothing is shaped and the status is 1.
 #   hosts_unshape               removes the shaping.
 #   hosts_have_netem            status 0 when netem qdiscs can be made here.
 #   hosts_tx_bytes <i>          bytes host i's veth has sent (its statistics: headers and
 #   hosts_rx_bytes <i>          acknowledgements included), received.
 #   hosts_cut <i>               host i's link down (the veth inside the host).
 #   hosts_remove                SIGKILLs every process still in the hosts' and the bridge's
-#                               namespaces, waits (bounded) until none is left, deletes the
+#                               namespaces, waits (at most 10 s) until none is left, deletes the
 #                               namespaces (their veths with them). Safe to call twice, and after
 #                               a hosts_create that stopped halfway.
 #   hosts_check_removed         fail for each namespace, device or holder left.
