@@ -18,15 +18,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "chorus/chorus.hpp"
+#include "support/port_store.hpp"
 
 namespace {
 
@@ -44,24 +42,6 @@ struct Wrong {
 
 void expect(bool ok, const std::string& what) {
   if (!ok) throw Wrong{what};
-}
-
-std::shared_ptr<chorus::Store> open_store(int rank, const std::string& host, const std::string& port_file,
-                                          std::chrono::milliseconds timeout) {
-  if (rank == 0) {
-    auto s = std::make_shared<chorus::TcpStore>(host, 0, /*is_server=*/true, timeout);
-    const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << s->port() << "\n";
-    std::filesystem::rename(tmp, port_file);
-    return s;
-  }
-  const auto deadline = Clock::now() + timeout;
-  int port = 0;
-  while (!(std::ifstream(port_file) >> port)) {
-    if (Clock::now() > deadline) throw chorus::Error(chorus::ErrorCode::timeout, "no port file " + port_file);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return std::make_shared<chorus::TcpStore>(host, static_cast<std::uint16_t>(port), false, timeout);
 }
 
 /// One round of mixed collectives on small and odd sizes, each result checked exactly.
@@ -123,7 +103,7 @@ int main(int argc, char** argv) {
     const char* master = std::getenv("MASTER_ADDR");
     if (rank < 0 || master == nullptr)
       throw chorus::Error(chorus::ErrorCode::invalid_argument, "RANK and MASTER_ADDR must be set");
-    o.store = open_store(rank, master, port_file, o.timeout);
+    o.store = chorus::test::open_port_file_store(rank, master, port_file, o.timeout);
     auto comm = chorus::init(o);
     comm.barrier();
     std::string links;

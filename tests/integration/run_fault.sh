@@ -37,6 +37,7 @@ command -v ip >/dev/null || skip "no 'ip' command (iproute2)"
 command -v unshare >/dev/null || skip "no 'unshare' command (util-linux)"
 
 source "$(dirname "${BASH_SOURCE[0]}")/two_hosts.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/error_line.sh"
 tag="chf$$"
 two_hosts_names "$tag" 10.77.0   # ns_a, ns_b, veth_a, veth_b, addr_a (10.77.0.1), addr_b
 work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-fault.XXXXXX")
@@ -151,13 +152,10 @@ for r in "${survivors[@]}"; do
     fail "rank $r reported no error: $(tail -2 "$work/rank$r.out" 2>/dev/null) $(tail -3 "$work/rank$r.err" 2>/dev/null)"
     continue
   fi
-  wall=$(sed -n 's/.* wall=\([0-9.]*\) .*/\1/p' <<<"$line")
-  code=$(sed -n 's/.* code=\([a-z_]*\) .*/\1/p' <<<"$line")
-  msg=${line#* msg=}
-  after=$(awk -v a="$wall" -v b="$t_fault" 'BEGIN { printf "%.1f", a - b }')
-  echo "rank $r: error ${after} s after the fault: $msg"
-  [[ $code == peer_failure ]] || fail "rank $r: code $code, expected peer_failure"
-  named=$(grep -o 'peer [0-9]*' <<<"$msg" | head -1 | cut -d' ' -f2)
+  error_fields "$line" "$t_fault"
+  echo "rank $r: error ${err_after} s after the fault: $err_msg"
+  [[ $err_code == peer_failure ]] || fail "rank $r: code $err_code, expected peer_failure"
+  named=$err_named
   if [[ -z $named || $named == "$r" ]]; then
     fail "rank $r: the error names no peer rank"
   fi
