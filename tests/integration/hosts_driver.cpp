@@ -12,7 +12,7 @@
 //                  all_gather ((1<<20)+3 / world per rank, made odd). Inputs and references are those of tests/support/fill.hpp (exact in
 //                  any order of evaluation), every result compared bit for bit.
 //   loop <seconds> 16 MiB float32 all_reduces (exact small integers) until <seconds> have passed,
-//                  on the forced communicator when HOSTS_ALGO is set (the link-cut test).
+//                  on one communicator, with HOSTS_ALGO forced where set (the link-cut test).
 //
 // HOSTS_ALGO (optional; empty or "auto": none): an algorithm forced through a second
 // communicator (Options::algorithm, not CHORUS_ALGO, so that a collective without it is never
@@ -478,11 +478,15 @@ int main(int argc, char** argv) {
     const std::vector<std::string> forced_colls =
         split_commas(env("HOSTS_FORCED", "all_reduce,reduce_scatter,all_gather,broadcast,reduce"));
 
+    // check: `comm` never forces; `forced` (HOSTS_ALGO) runs the forced collectives again.
+    // loop: one communicator, forced, since it runs all_reduce only.
+    const bool loop_mode = std::string_view(argv[3]) == "loop";
     chorus::Options auto_o = o;
     auto_o.store = std::make_shared<chorus::PrefixStore>("auto/", store);
+    if (loop_mode) auto_o.algorithm = algo;
     Comm comm = chorus::init(auto_o);
     std::optional<Comm> forced;
-    if (!algo.empty()) {
+    if (!algo.empty() && !loop_mode) {
       chorus::Options forced_o = o;
       forced_o.algorithm = algo;
       forced_o.store = std::make_shared<chorus::PrefixStore>("forced/", store);
@@ -525,8 +529,8 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
 
-    if (std::string_view(argv[3]) == "loop") {
-      const int rc = loop(forced ? *forced : comm, rank, std::atof(argv[4]));
+    if (loop_mode) {
+      const int rc = loop(comm, rank, std::atof(argv[4]));
       return wrong > 0 ? 4 : rc;
     }
     Checker checker(rank, world, comm, forced ? &*forced : nullptr, algo, forced_colls, store);
