@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-/// tcp::Link: one full-duplex TCP connection to a peer, driven by the thread that waits (or the
-/// background thread, for work nobody waits on; transport/progress.hpp).
+/// tcp::Link: one full-duplex TCP connection to a peer (or K of them, CHORUS_SOCKETS_PER_PEER),
+/// driven by the thread that waits (or the background thread, for work nobody waits on;
+/// transport/progress.hpp).
 ///
 /// Wire protocol (frames of a fixed 32-byte header, optionally followed by a payload):
 /// | type  | header fields      | payload | meaning                                              |
@@ -16,6 +17,14 @@
 /// Every header from the network is checked (type, sizes, ids) before it is used; a bad one
 /// breaks the link with peer_failure.
 ///
+/// Streams: with K > 1 connections to the peer (stream 0 and K-1 extra streams), every frame above
+/// goes on stream 0, so matching and the per-(peer, tag) order are those of one connection; only
+/// the data of a large message of at least Policy::kStripeBytes is striped: K data frames, piece i
+/// (of K contiguous pieces, detail::stripe_piece) on stream i, each with the message's tag, id and
+/// the piece's size. Both ends split the same size the same way (the rts/cts exchange made the
+/// sizes equal), the receive completes when its K pieces are in, the send when its K pieces are
+/// written. An extra stream carries data frames only; any failure on any stream breaks the link.
+///
 /// Threading: isend/irecv may be called from any thread; they post to the io_context, and only the
 /// thread that runs it (a waiting caller or the background thread, one at a time: see
 /// transport/progress.hpp) touches the socket and the matching state.
@@ -26,6 +35,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -35,6 +45,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -55,6 +66,10 @@ struct Policy {
   static constexpr std::size_t kEagerBytes = 64 * 1024;
   static constexpr std::size_t kMaxUnexpectedBytes = 64u << 20;
   static constexpr std::uint64_t kMaxMessageBytes = chorus::kMaxMessageBytes;
+  /// Messages of at least this size are striped across a link's streams (when it has more than
+  /// one): at 1 MiB the pieces of 4 streams are still 256 KiB, long enough that a piece costs
+  /// what its bytes cost, not its system calls and wake-ups (docs/transports.md has the figures).
+  static constexpr std::uint64_t kStripeBytes = 1u << 20;
 };
 
 namespace detail {
@@ -106,9 +121,25 @@ struct OutFrame {
   ConstBytes payload;
   ReqPtr req;  ///< completed when the frame is written (eager, data); null for control frames
   std::size_t sent = 0;  ///< bytes of header and payload already written (by send_now)
+  bool piece = false;    ///< one piece of a striped message (h.id names it; Link::piece_sent)
 };
 
 using chorus::detail::size_mismatch;
+
+/// Piece `i` of a message of `size` bytes striped over `n` streams: {offset, length}. Contiguous
+/// pieces, the first `size % n` one byte longer; both ends compute it from the size alone.
+inline std::pair<std::uint64_t, std::uint64_t> stripe_piece(std::uint64_t size, int i, int n) {
+  const auto k = static_cast<std::uint64_t>(n), j = static_cast<std::uint64_t>(i);
+  const std::uint64_t base = size / k, rem = size % k;
+  return {j * base + std::min(j, rem), base + (j < rem ? 1 : 0)};
+}
+
+/// A large receive whose cts went out: its buffer, and how many pieces of its data are still to
+/// come (1 unless striped).
+struct ActiveRecv {
+  RecvOp op;
+  int pieces_left = 1;
+};
 
 }  // namespace detail
 
@@ -116,21 +147,26 @@ class Link {
  public:
   /// `driver`: the transport's engine; waiters drive it, and a timeout aborts it.
   /// `token`: the engine's; whoever holds it may touch this link's state.
+  /// `streams`: the connections to the peer (CHORUS_SOCKETS_PER_PEER; both ends alike).
   Link(int rank, int peer, chorus::detail::asio::io_context& io, std::chrono::milliseconds timeout,
-       std::weak_ptr<chorus::detail::Driver> driver, chorus::detail::DriveToken& token)
+       std::weak_ptr<chorus::detail::Driver> driver, chorus::detail::DriveToken& token, int streams = 1)
       : rank_(rank),
         peer_(peer),
         io_(io),
         socket_(io),
         requests_(rank, peer, timeout, std::move(driver)),
-        token_(token) {}
+        token_(token) {
+    for (int i = 1; i < streams; ++i) extra_.push_back(std::make_unique<Stream>(io, i));
+  }
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
   int peer() const { return peer_; }
   /// Bytes this link holds: itself (its read buffer included) and the eager messages waiting for
   /// their receives (at most about Policy::kMaxUnexpectedBytes: reading pauses past it).
-  std::size_t memory_bytes() const { return sizeof(*this) + unexpected_bytes_; }
+  std::size_t memory_bytes() const { return sizeof(*this) + extra_.size() * sizeof(Stream) + unexpected_bytes_; }
+  /// The connections to the peer (CHORUS_SOCKETS_PER_PEER).
+  int streams() const { return 1 + static_cast<int>(extra_.size()); }
 
   Request isend(ConstBytes data, Tag tag) {
     auto req = make_request("send", tag, data.size);
@@ -175,10 +211,16 @@ class Link {
 
   // ---- progress thread only ----
 
-  chorus::detail::asio_tcp::socket& socket() { return socket_; }
+  /// Stream `i`'s socket (0: the one that carries every frame but striped data).
+  chorus::detail::asio_tcp::socket& socket(int i = 0) {
+    return i == 0 ? socket_ : extra_[static_cast<std::size_t>(i - 1)]->socket;
+  }
 
-  /// Starts reading frames; called once the handshake is done.
-  void start() { read_header(); }
+  /// Starts reading frames; called once the handshakes are done.
+  void start() {
+    read_header();
+    for (auto& s : extra_) read_stream(*s);
+  }
 
   /// Breaks the link: closes the socket and fails everything pending with `code`. Messages already
   /// read stay receivable. Idempotent.
@@ -197,11 +239,22 @@ class Link {
     } else {
       socket_.cancel(ignored);
     }
+    for (auto& s : extra_) {
+      if (close) {
+        s->socket.shutdown(asio::socket_base::shutdown_both, ignored);
+        s->socket.close(ignored);
+      } else {
+        s->socket.cancel(ignored);
+      }
+      if (!s->writing) s->queue.clear();
+    }
     chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::net, rank_, "link to peer ", peer_, " broken: ", why);
     matcher_.drain_posted([&](detail::RecvOp& r) { r.req->fail(code, why); });
     matcher_.remove_unexpected_from([](detail::Arrival& a) { return std::holds_alternative<detail::RtsArrival>(a); });
-    for (auto& [id, r] : active_recv_) r.req->fail(code, why);
+    for (auto& [id, r] : active_recv_) r.op.req->fail(code, why);
     active_recv_.clear();
+    for (auto& [id, s] : striped_sends_) s.req->fail(code, why);
+    striped_sends_.clear();
     if (reading_into_) reading_into_->fail(code, why);
     reading_into_.reset();
     for (auto& [id, s] : pending_rts_) s.req->fail(code, why);
@@ -219,6 +272,38 @@ class Link {
   }
 
   void start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req);
+
+  struct PendingSend {
+    ConstBytes data;
+    detail::ReqPtr req;
+    Tag tag = 0;
+  };
+
+  // ---- striping (K > 1 streams) ----
+
+  /// One of the K-1 extra connections: data frames only, one write and one read at a time.
+  struct Stream {
+    Stream(asio::io_context& io, int i) : socket(io), index(i) {}
+    asio_tcp::socket socket;
+    int index;                                  ///< 1..K-1
+    boost::circular_buffer<detail::OutFrame> queue;  ///< pieces to write (grows, never shrinks)
+    bool writing = false;
+    detail::FrameHeader out;                    ///< the header being written
+    std::array<asio::const_buffer, 2> out_buffers;
+    detail::FrameHeader in;                     ///< the header being read
+    detail::HandlerMemory handlers;
+  };
+
+  bool striped(std::uint64_t size) const { return !extra_.empty() && size >= Policy::kStripeBytes; }
+  /// The peer cleared `s` (message `id`) to send: its K pieces go out, one on each stream.
+  void send_striped(const PendingSend& s, std::uint64_t id);
+  /// A piece of striped send `id` is written; the last one completes the send.
+  void piece_sent(std::uint64_t id);
+  /// A piece of striped receive `id` is in; the last one completes the receive.
+  void piece_received(std::uint64_t id);
+  void write_stream(Stream& s);
+  void read_stream(Stream& s);
+  std::string piece_size_problem(const detail::FrameHeader& h, int stream, std::uint64_t len) const;
 
   void start_recv(detail::RecvOp r);
 
@@ -276,9 +361,10 @@ class Link {
   template <class F>
   void read_payload(MutableBytes dst, F done, detail::ReqPtr into = nullptr);
 
-  struct PendingSend {
-    ConstBytes data;
+  struct StripedSend {
     detail::ReqPtr req;
+    std::uint64_t size;
+    int pieces_left;
   };
 
   int rank_;
@@ -293,8 +379,10 @@ class Link {
 
   // State of the thread that runs the io_context (the one holding the engine's token).
   chorus::detail::TagMatcher<detail::RecvOp, detail::Arrival> matcher_;
-  chorus::detail::IdMap<detail::RecvOp> active_recv_;
+  chorus::detail::IdMap<detail::ActiveRecv> active_recv_;
   chorus::detail::IdMap<PendingSend> pending_rts_;
+  chorus::detail::IdMap<StripedSend> striped_sends_;  ///< cleared, pieces being written
+  std::vector<std::unique_ptr<Stream>> extra_;        ///< streams 1..K-1
   boost::circular_buffer<detail::OutFrame> write_queue_;  ///< grows, never shrinks (push_back_growing)
   chorus::detail::SpareBuffers spare_;
   std::vector<std::byte> unexpected_in_;  ///< the unexpected eager payload being read

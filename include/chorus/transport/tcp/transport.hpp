@@ -10,11 +10,19 @@
 /// at both ends, and with CHORUS_JOB_TOKEN a challenge-response); a connection that fails it is
 /// refused and logged and the rank keeps accepting. The listening socket is closed once all peers
 /// are connected, so nothing listens for the rest of the job.
+///
+/// With CHORUS_SOCKETS_PER_PEER=K (detail/socket.hpp) each link is K connections, made the same
+/// way; after the handshake the connecting side sends its stream hello (u32 stream index, u32 K,
+/// little-endian) and the accepting side answers with its own K (u32). Ranks whose K differ both
+/// fail with invalid_argument naming the variable and both values.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -58,23 +66,28 @@ class Transport : public chorus::detail::EngineTransport<Transport, detail::Engi
  private:
   void connect_all(const Bootstrap& b);
 
+  /// invalid_argument: `peer` has a different CHORUS_SOCKETS_PER_PEER.
+  Error streams_differ(int peer, std::uint32_t theirs) const;
+
   std::vector<bool> peers_;  ///< the ranks this transport links to
+  int streams_ = 1;          ///< connections per link (CHORUS_SOCKETS_PER_PEER)
 };
 
 // ---- bodies ----
 
 inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
-    : EngineTransport(b.rank, b.size, peers.size()), peers_(std::move(peers)) {
+    : EngineTransport(b.rank, b.size, peers.size()), peers_(std::move(peers)), streams_(detail::sockets_per_peer_from_env()) {
   peers_[static_cast<std::size_t>(rank_)] = false;
   const std::weak_ptr<chorus::detail::Driver> weak_driver = engine_;
   for (int p = 0; p < size_; ++p)
     if (peers_[static_cast<std::size_t>(p)])
-      engine_->links[p] = std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, weak_driver, engine_->token);
+      engine_->links[p] =
+          std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, weak_driver, engine_->token, streams_);
   const auto tuning = chorus::detail::SocketTuning::from_env();  // a bad value fails before connecting
   if (std::find(peers_.begin(), peers_.end(), true) != peers_.end()) connect_all(b);
   for (auto& l : engine_->links) {
     if (!l) continue;
-    detail::tune_socket(l->socket(), tuning);
+    for (int i = 0; i < streams_; ++i) detail::tune_socket(l->socket(i), tuning);
     l->start();
   }
   engine_->work.emplace(engine_->io.get_executor());
@@ -97,11 +110,17 @@ inline void Transport::connect_all(const Bootstrap& b) {
   b.store->set("tcp/addr/" + std::to_string(rank_), addr.to_string() + " " + std::to_string(port));
   chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::net, rank_, "tcp: listening on ", addr.to_string(), " port ", port);
 
-  // Ranks outside the mask count as connected: nothing waits for them.
+  // Ranks outside the mask count as connected: nothing waits for them. A peer is connected when
+  // all its streams are; have[p][i]: stream i to p is.
+  const auto K = static_cast<std::uint32_t>(streams_);
   std::vector<bool> connected(static_cast<std::size_t>(size_), false);
+  std::vector<std::vector<bool>> have(static_cast<std::size_t>(size_), std::vector<bool>(K, false));
+  std::vector<std::uint32_t> streams_up(static_cast<std::size_t>(size_), 0);
   for (int p = 0; p < size_; ++p) connected[static_cast<std::size_t>(p)] = !peers_[static_cast<std::size_t>(p)];
-  int to_accept = 0;
-  for (int p = rank_ + 1; p < size_; ++p) to_accept += peers_[static_cast<std::size_t>(p)] ? 1 : 0;
+  auto stream_up = [&](int p, std::uint32_t i) {
+    have[static_cast<std::size_t>(p)][i] = true;
+    if (++streams_up[static_cast<std::size_t>(p)] == K) connected[static_cast<std::size_t>(p)] = true;
+  };
   std::exception_ptr first_error;
 
   auto remaining = [&] {
@@ -128,10 +147,11 @@ inline void Transport::connect_all(const Bootstrap& b) {
     if (ec || space == std::string::npos)
       throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "tcp connect"}, "bad address in store: '" + where + "'");
     const asio_tcp::endpoint ep(peer_addr, static_cast<unsigned short>(std::stoi(where.substr(space + 1))));
+    for (std::uint32_t stream = 0; stream < K; ++stream)
     asio::co_spawn(
         io,
-        [this, p, ep, &b, &token, deadline]() -> asio::awaitable<void> {
-          auto& sock = engine_->links[p]->socket();
+        [this, p, ep, &b, &token, deadline, stream, K]() -> asio::awaitable<void> {
+          auto& sock = engine_->links[p]->socket(static_cast<int>(stream));
           asio::steady_timer backoff(co_await asio::this_coro::executor);
           auto delay = std::chrono::milliseconds(10);
           for (;;) {
@@ -155,13 +175,19 @@ inline void Transport::connect_all(const Bootstrap& b) {
           mine.peer = p;
           mine.world = size_;
           co_await chorus::handshake_connect(sock, mine, token);
+          // Which stream this is, and this rank's K; the peer answers with its K.
+          const std::array<std::uint32_t, 2> stream_hello = {stream, K};
+          co_await asio::async_write(sock, asio::buffer(stream_hello), asio::use_awaitable);
+          std::uint32_t theirs = 0;
+          co_await asio::async_read(sock, asio::buffer(&theirs, sizeof theirs), asio::use_awaitable);
+          if (theirs != K) throw streams_differ(p, theirs);
         },
-        [&, p](std::exception_ptr e) {
+        [&, p, stream](std::exception_ptr e) {
           if (e) {
             if (!first_error) first_error = e;
             io.stop();
           } else {
-            connected[p] = true;
+            stream_up(p, stream);
             finish_if_done();
           }
         });
@@ -169,7 +195,7 @@ inline void Transport::connect_all(const Bootstrap& b) {
 
   // Accept from every higher rank; refuse and log whatever fails the handshake. Once every peer
   // is connected, close the acceptor and cut short handshakes still in progress (strangers).
-  if (to_accept > 0) {
+  if (std::find(peers_.begin() + rank_ + 1, peers_.end(), true) != peers_.end()) {
     asio::co_spawn(
         io,
         [&]() -> asio::awaitable<void> {
@@ -194,10 +220,19 @@ inline void Transport::connect_all(const Bootstrap& b) {
                                  h.rank < size_ && peers_[static_cast<std::size_t>(h.rank)] &&
                                  !connected[static_cast<std::size_t>(h.rank)];
                         });
-                    if (connected[static_cast<std::size_t>(hello.rank)]) co_return;  // raced a duplicate
-                    engine_->links[hello.rank]->socket() = std::move(*sock);
-                    connected[static_cast<std::size_t>(hello.rank)] = true;
-                    --to_accept;
+                    std::array<std::uint32_t, 2> stream_hello{};  // {stream index, the peer's K}
+                    co_await asio::async_read(*sock, asio::buffer(stream_hello), asio::use_awaitable);
+                    co_await asio::async_write(*sock, asio::buffer(&K, sizeof K), asio::use_awaitable);
+                    if (stream_hello[1] != K) {
+                      if (!first_error) first_error = std::make_exception_ptr(streams_differ(hello.rank, stream_hello[1]));
+                      io.stop();
+                      co_return;
+                    }
+                    const std::uint32_t stream = stream_hello[0];
+                    if (stream >= K) throw std::runtime_error("stream index " + std::to_string(stream) + " out of range");
+                    if (have[static_cast<std::size_t>(hello.rank)][stream]) co_return;  // raced a duplicate
+                    engine_->links[hello.rank]->socket(static_cast<int>(stream)) = std::move(*sock);
+                    stream_up(hello.rank, stream);
                     finish_if_done();
                   } catch (const std::exception& e) {
                     chorus::detail::log(chorus::detail::LogLevel::warn, chorus::detail::LogSubsys::net, rank_, "tcp: refused a connection from ", from,
@@ -221,7 +256,8 @@ inline void Transport::connect_all(const Bootstrap& b) {
   }();
   if (!all || first_error) {
     for (auto& l : engine_->links)
-      if (l) l->socket().close(ignored);
+      if (l)
+        for (int i = 0; i < streams_; ++i) l->socket(i).close(ignored);
     io.restart();
     io.poll();
   }
@@ -235,6 +271,13 @@ inline void Transport::connect_all(const Bootstrap& b) {
                     " ms (CHORUS_TIMEOUT)");
   }
   io.restart();
+}
+
+inline Error Transport::streams_differ(int peer, std::uint32_t theirs) const {
+  return Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, "tcp connect"},
+               "CHORUS_SOCKETS_PER_PEER differs: " + std::to_string(streams_) + " on rank " + std::to_string(rank_) +
+                   ", " + std::to_string(theirs) + " on rank " + std::to_string(peer) +
+                   " (every rank must use the same value)");
 }
 
 static_assert(chorus::Transport<Transport>);

@@ -49,7 +49,9 @@ inline void Link::accept_rts(detail::RecvOp r, std::uint64_t size, std::uint64_t
     enqueue({{static_cast<std::uint32_t>(detail::FrameType::cts), detail::kCtsReject, 0, r.dst.size, id}, {}, nullptr});
     return r.req->fail(ErrorCode::mismatch, detail::size_mismatch(size, r.dst.size));
   }
-  if (!active_recv_.emplace(id, std::move(r)).second) return protocol_error("duplicate message id");
+  const int pieces = striped(size) ? streams() : 1;
+  if (!active_recv_.emplace(id, detail::ActiveRecv{std::move(r), pieces}).second)
+    return protocol_error("duplicate message id");
   enqueue({{static_cast<std::uint32_t>(detail::FrameType::cts), 0, 0, size, id}, {}, nullptr});
 }
 
@@ -134,6 +136,8 @@ inline void Link::on_header() {
       pending_rts_.erase(it);
       if (h.flags & detail::kCtsReject)
         s.req->fail(ErrorCode::mismatch, detail::size_mismatch(s.data.size, h.size));
+      else if (striped(s.data.size))
+        send_striped(s, h.id);
       else
         enqueue({{static_cast<std::uint32_t>(detail::FrameType::data), 0, 0, s.data.size, h.id}, s.data, s.req});
       return read_header();
@@ -141,8 +145,14 @@ inline void Link::on_header() {
     case detail::FrameType::data: {
       auto it = active_recv_.find(h.id);
       if (it == active_recv_.end()) return protocol_error("data for unknown message " + std::to_string(h.id));
-      if (it->second.dst.size != h.size) return protocol_error("data frame size differs from its announcement");
-      detail::RecvOp r = std::move(it->second);
+      if (it->second.pieces_left > 1 || striped(it->second.op.dst.size)) {
+        // Piece 0 of a striped message; the others come on the extra streams.
+        const auto [off, len] = detail::stripe_piece(it->second.op.dst.size, 0, streams());
+        if (h.size != len) return protocol_error(piece_size_problem(h, 0, len));
+        return read_payload({it->second.op.dst.data + off, len}, [this, id = h.id] { piece_received(id); });
+      }
+      if (it->second.op.dst.size != h.size) return protocol_error("data frame size differs from its announcement");
+      detail::RecvOp r = std::move(it->second.op);
       active_recv_.erase(it);
       MutableBytes dst = r.dst;
       auto req = r.req;
@@ -172,6 +182,46 @@ inline void Link::read_payload(MutableBytes dst, F done, detail::ReqPtr into) {
                      done();
                      if (!paused_) read_header();
                    }));
+}
+
+inline std::string Link::piece_size_problem(const detail::FrameHeader& h, int stream, std::uint64_t len) const {
+  return "piece " + std::to_string(stream) + " of message " + std::to_string(h.id) + " should be " +
+         std::to_string(len) + " bytes, its frame says " + std::to_string(h.size);
+}
+
+inline void Link::piece_received(std::uint64_t id) {
+  auto it = active_recv_.find(id);
+  if (it == active_recv_.end() || --it->second.pieces_left > 0) return;
+  detail::RecvOp r = std::move(it->second.op);
+  active_recv_.erase(it);
+  r.req->complete(r.dst.size);
+}
+
+inline void Link::read_stream(Stream& s) {
+  asio::async_read(
+      s.socket, asio::buffer(&s.in, sizeof s.in),
+      detail::bind_memory(s.handlers, [this, &s](const boost::system::error_code& ec, std::size_t) {
+        if (failed_) return;
+        if (ec) return on_read_error(ec);
+        const auto h = s.in;
+        if (static_cast<detail::FrameType>(h.type) != detail::FrameType::data)
+          return protocol_error("frame of type " + std::to_string(h.type) + " on stream " + std::to_string(s.index) +
+                                ", which carries data frames only");
+        auto it = active_recv_.find(h.id);
+        if (it == active_recv_.end() || !striped(it->second.op.dst.size))
+          return protocol_error("data on stream " + std::to_string(s.index) + " for unknown message " +
+                                std::to_string(h.id));
+        const auto [off, len] = detail::stripe_piece(it->second.op.dst.size, s.index, streams());
+        if (h.size != len) return protocol_error(piece_size_problem(h, s.index, len));
+        asio::async_read(s.socket, asio::buffer(it->second.op.dst.data + off, len),
+                         detail::bind_memory(s.handlers, [this, &s, id = h.id](const boost::system::error_code& ec2,
+                                                                                std::size_t) {
+                           if (failed_) return;
+                           if (ec2) return on_read_error(ec2);
+                           piece_received(id);
+                           read_stream(s);
+                         }));
+      }));
 }
 
 }  // namespace chorus::tcp

@@ -18,7 +18,7 @@ inline void Link::start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req
     enqueue({{static_cast<std::uint32_t>(detail::FrameType::eager), 0, tag, data.size, 0}, data, req});
   } else {
     const std::uint64_t id = next_send_id_++;
-    pending_rts_.emplace(id, PendingSend{data, req});
+    pending_rts_.emplace(id, PendingSend{data, req, tag});
     enqueue({{static_cast<std::uint32_t>(detail::FrameType::rts), 0, tag, data.size, id}, {}, nullptr});
   }
 }
@@ -29,6 +29,7 @@ inline void Link::enqueue(detail::OutFrame f) {
   if (!writing_ && !write_posted_ && write_queue_.empty() && !failed_) {
     f.sent = send_now(f.h, f.payload);
     if (f.sent == sizeof f.h + f.payload.size) {
+      if (f.piece) return piece_sent(f.h.id);
       if (f.req) f.req->complete(f.payload.size);
       return;
     }
@@ -65,15 +66,22 @@ inline void Link::write_next() {
     if (ec) return fail(ErrorCode::peer_failure, "write to peer failed: " + ec.message());
     // Take the written frames off the queue before completing any: a completion may fail this
     // link (an abort), which clears the queue.
-    std::array<std::pair<detail::ReqPtr, std::size_t>, kMaxBatch> done;
+    struct Done {
+      detail::ReqPtr req;
+      std::size_t bytes;
+      std::uint64_t piece_of;  ///< the striped message's id, or 0
+    };
+    std::array<Done, kMaxBatch> done;
     const std::size_t k = batch_frames_;
     for (std::size_t i = 0; i < k; ++i) {
       auto& f = write_queue_.front();
-      done[i] = {std::move(f.req), f.payload.size};
+      done[i] = {std::move(f.req), f.payload.size, f.piece ? f.h.id : 0};
       write_queue_.pop_front();
     }
-    for (std::size_t i = 0; i < k; ++i)
-      if (done[i].first) done[i].first->complete(done[i].second);
+    for (std::size_t i = 0; i < k; ++i) {
+      if (done[i].piece_of != 0) piece_sent(done[i].piece_of);
+      if (done[i].req) done[i].req->complete(done[i].bytes);
+    }
     write_next();
   }));
 }
@@ -88,6 +96,54 @@ inline std::size_t Link::send_now(const detail::FrameHeader& h, ConstBytes paylo
     k = ::sendmsg(socket_.native_handle(), &m, MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (k < 0 && errno == EINTR);
   return k > 0 ? static_cast<std::size_t>(k) : 0;
+}
+
+inline void Link::send_striped(const PendingSend& s, std::uint64_t id) {
+  const int n = streams();
+  striped_sends_.emplace(id, StripedSend{s.req, s.data.size, n});
+  // The extra streams first: stream 0's piece may be written at once, in this call.
+  for (int i = n - 1; i >= 0; --i) {
+    const auto [off, len] = detail::stripe_piece(s.data.size, i, n);
+    detail::OutFrame f{{static_cast<std::uint32_t>(detail::FrameType::data), 0, s.tag, len, id},
+                       {s.data.data + off, len, s.data.kind},
+                       nullptr,
+                       0,
+                       true};
+    if (i == 0) return enqueue(std::move(f));
+    Stream& st = *extra_[static_cast<std::size_t>(i - 1)];
+    chorus::detail::push_back_growing(st.queue, std::move(f));
+    write_stream(st);
+  }
+}
+
+inline void Link::piece_sent(std::uint64_t id) {
+  auto it = striped_sends_.find(id);
+  if (it == striped_sends_.end() || --it->second.pieces_left > 0) return;  // gone: the link failed
+  auto req = std::move(it->second.req);
+  const auto size = it->second.size;
+  striped_sends_.erase(it);
+  req->complete(size);
+}
+
+inline void Link::write_stream(Stream& s) {
+  if (s.writing || failed_ || s.queue.empty()) return;
+  s.writing = true;
+  const auto& f = s.queue.front();
+  s.out = f.h;
+  s.out_buffers = {asio::buffer(&s.out, sizeof s.out), asio::buffer(f.payload.data, f.payload.size)};
+  asio::async_write(s.socket, detail::BufferRange{s.out_buffers.data(), s.out_buffers.data() + s.out_buffers.size()},
+                    detail::bind_memory(s.handlers, [this, &s](const boost::system::error_code& ec, std::size_t) {
+                      s.writing = false;
+                      if (failed_) return s.queue.clear();
+                      if (ec)
+                        return fail(ErrorCode::peer_failure, "write to peer failed on stream " +
+                                                                 std::to_string(s.index) + " of " +
+                                                                 std::to_string(streams()) + ": " + ec.message());
+                      const std::uint64_t id = s.queue.front().h.id;
+                      s.queue.pop_front();
+                      piece_sent(id);
+                      write_stream(s);
+                    }));
 }
 
 }  // namespace chorus::tcp

@@ -111,6 +111,19 @@ inline asio::ip::address listen_address(const Options& o) {
   return probe.local_endpoint().address();
 }
 
+/// CHORUS_SOCKETS_PER_PEER: the TCP connections (streams) each link opens to its peer, 1 to 16;
+/// large messages are striped across them (tcp/link.hpp). The default, 1, is what the
+/// measurements of docs/transports.md chose on a 2-core machine.
+inline constexpr int kMaxSocketsPerPeer = 16;
+inline constexpr int kDefaultSocketsPerPeer = 1;
+
+/// CHORUS_SOCKETS_PER_PEER's value; invalid_argument naming the variable when it is not an integer
+/// in [1, 16].
+inline int sockets_per_peer_from_env() {
+  if (auto v = chorus::detail::env_int("CHORUS_SOCKETS_PER_PEER", 1, kMaxSocketsPerPeer)) return static_cast<int>(*v);
+  return kDefaultSocketsPerPeer;
+}
+
 /// Options every link socket gets: no Nagle delay, and keepalive plus a user timeout so a host
 /// that vanishes without closing (cable, power) is noticed in seconds, not at the job timeout
 /// (chorus/detail/keepalive.hpp; CHORUS_SOCKET_* variables).
