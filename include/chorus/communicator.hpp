@@ -104,6 +104,13 @@ class Communicator {
 
   int rank() const;
   int size() const;
+  /// This rank among the ranks of its host (in rank order), and how many ranks its host has, in
+  /// this communicator (a split communicator counts its own members): as torchrun's LOCAL_RANK
+  /// and LOCAL_WORLD_SIZE, from the host identities the ranks exchange at creation
+  /// (Options::host_id, CHORUS_HOST_ID). host_count(): the hosts the communicator spans.
+  int local_rank() const;
+  int local_size() const;
+  int host_count() const;
   const Options& options() const;
 
   /// Point-to-point. tag must be in [0, 2^31). Blocking forms wait for completion.
@@ -351,9 +358,13 @@ class Communicator {
   /// The latency/bandwidth model the algorithm selector uses for this communicator: its slowest
   /// link's (tcp when any member is reached over tcp, else shm or inproc).
   algo::TransportModel cost_model() const;
+  /// The algorithm a collective of `bytes` per rank on host buffers would run now (the plan of a
+  /// call, algo/plan.hpp); throws as that call would for a forced algorithm that cannot run.
+  algo::Choice planned(algo::CollectiveKind kind, std::size_t bytes) const;
 
  private:
   struct State;
+  struct Internal;  // marks the library's own calls (impl/split.hpp)
   explicit Communicator(std::unique_ptr<State> s);
   /// The state, or invalid_argument naming `op` where this communicator is not valid().
   State& live(std::string_view op) const;

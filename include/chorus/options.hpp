@@ -45,10 +45,16 @@ struct Options {
   std::string socket_ifname;
   /// Shared secret for the connection handshake (CHORUS_JOB_TOKEN); empty: no authentication.
   std::string job_token;
-  /// Forces the collectives' algorithm ("ring", "tree", "recursive_doubling", ...; CHORUS_ALGO);
-  /// empty: the cost model picks per call. A collective the algorithm does not apply to keeps
-  /// the model's choice.
+  /// Forces the collectives' algorithm (CHORUS_ALGO): a name for every collective ("ring"), or
+  /// collective:name pairs ("all_reduce:hierarchical,broadcast:chain"); empty: the cost model
+  /// picks per call. A collective forced to an algorithm it lacks, or one its layout cannot run,
+  /// fails with invalid_argument (algo/select.hpp).
   std::string algorithm;
+  /// This rank's host, for the host layout the hierarchical algorithms read (topology/hosts.hpp):
+  /// ranks with equal values count as one host. Empty: the host identity the transports compare
+  /// (CHORUS_HOST_ID where set, else boot id, host name and namespaces). For tests that run ranks
+  /// as threads of one process and want a layout of several hosts.
+  std::string host_id;
   /// Forces the pipeline slice size in bytes (CHORUS_CHUNK_BYTES); 0: the cost model's.
   std::size_t chunk_bytes = 0;
 

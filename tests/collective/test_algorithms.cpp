@@ -72,14 +72,14 @@ TEST_CASE("broadcast and reduce with each algorithm, every root, uneven counts")
   }
 }
 
-TEST_CASE("a forced algorithm the collective lacks is refused by name; barrier and split run") {
+TEST_CASE("a forced algorithm the collective lacks is refused by name; pairs force one collective; split runs") {
   using chorus::ErrorCode;
   using chorus::test::expect_error;
   const auto refused = [](const chorus::Error& e, const std::string& what) {
     const std::string m = e.what();
-    for (const char* part : {"broadcast has no ring algorithm", "binomial, chain, tree", "CHORUS_ALGO"})
+    for (const char* part : {"broadcast has no ring algorithm", "binomial, chain, hierarchical, tree", "CHORUS_ALGO"})
       if (what == "broadcast" && m.find(part) == std::string::npos) throw chorus::test::Failure("message: " + m);
-    for (const char* part : {"reduce has no chain algorithm", "binomial, ring, tree"})
+    for (const char* part : {"reduce has no chain algorithm", "binomial, ring, hierarchical, tree"})
       if (what == "reduce" && m.find(part) == std::string::npos) throw chorus::test::Failure("message: " + m);
   };
   for (int n : {1, 3}) {
@@ -91,15 +91,31 @@ TEST_CASE("a forced algorithm the collective lacks is refused by name; barrier a
         auto comm = Comm::create(o);
         refused(expect_error(ErrorCode::invalid_argument, [&] { comm.broadcast(std::span(buf), 0); }, "broadcast ring"),
                 "broadcast");
-        // ring is all_reduce's and reduce's; the collectives with one algorithm run it.
+        // ring is all_reduce's, reduce's and all_gather's; gather and barrier have one algorithm
+        // each, not ring: refused too. split (the library's own calls) takes no override.
         comm.all_reduce(std::span(buf), chorus::ReduceOp::sum);
         comm.reduce(std::span<const float>(buf), std::span(out).first(5), chorus::ReduceOp::sum, 0);
         comm.all_gather(std::span<const float>(buf), std::span(out));
+        const auto one = [](const chorus::Error& e, const char* part) {
+          if (std::string(e.what()).find(part) == std::string::npos) throw chorus::test::Failure(std::string("message: ") + e.what());
+        };
+        one(expect_error(ErrorCode::invalid_argument, [&] { comm.gather(std::span<const float>(buf), std::span(out), 0); },
+                         "gather ring"),
+            "gather has no ring algorithm; it has direct");
+        one(expect_error(ErrorCode::invalid_argument, [&] { comm.barrier(); }, "barrier ring"),
+            "barrier has no ring algorithm; it has dissemination");
+        auto sub = comm.split(rank % 2, rank);
+        expect_error(ErrorCode::invalid_argument, [&] { sub.barrier(); }, "sub barrier ring");
+        expect(buf[0] == static_cast<float>(n), "all_reduce ring after the refusal");
+      }
+      {
+        o.algorithm = "all_reduce:ring;reduce:binomial";  // pairs: the others keep the model's choice
+        auto comm = Comm::create(o);
+        comm.all_reduce(std::span(buf), chorus::ReduceOp::sum);
+        comm.broadcast(std::span(buf), 0);
         comm.gather(std::span<const float>(buf), std::span(out), 0);
         comm.barrier();
-        auto sub = comm.split(rank % 2, rank);
-        sub.barrier();
-        expect(buf[0] == static_cast<float>(n), "all_reduce ring after the refusal");
+        expect(buf[0] == static_cast<float>(n) * n, "all_reduce ring (pairs)");
       }
       {
         o.algorithm = "chain";
@@ -117,7 +133,7 @@ TEST_CASE("a forced algorithm the collective lacks is refused by name; barrier a
         o.algorithm = "one_shot";  // all_reduce's alone
         auto comm = Comm::create(o);
         expect_error(ErrorCode::invalid_argument, [&] { comm.broadcast(std::span(buf), 0); }, "broadcast one_shot");
-        comm.barrier();
+        expect_error(ErrorCode::invalid_argument, [&] { comm.barrier(); }, "barrier one_shot");
       }
     });
   }

@@ -15,6 +15,7 @@
 
 #include "chorus/communicator.hpp"
 #include "chorus/transport/inproc/transport.hpp"
+#include "support/forced.hpp"
 #include "support/spawn.hpp"
 
 // This file's own names: the files of tests/collective/ are compiled together (unity build).
@@ -89,7 +90,7 @@ void run_type(Comm& c, bool reduce) {
 
 void run_world(int n, const std::string& algorithm) {
   chorus::test::run_threads(n, [&](int, chorus::Options o) {
-    o.algorithm = algorithm;
+    o.algorithm = chorus::test::forced_where_it_applies(algorithm);
     o.chunk_bytes = 64;  // several slices for the larger counts
     auto c = Comm::create(std::move(o));
     const bool reduce = algorithm != "recursive_doubling";

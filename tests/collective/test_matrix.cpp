@@ -32,6 +32,7 @@
 
 #include "chorus/communicator.hpp"
 #include "chorus/transport/inproc/transport.hpp"
+#include "support/forced.hpp"
 #include "support/communicators.hpp"
 #include "support/fill.hpp"
 #include "support/sanitized.hpp"
@@ -285,7 +286,7 @@ void run_all_reduce(int world, const char* algorithm) {
       [&](int rank, chorus::Options o) {
         Ctx x{rank, world, "(world " + std::to_string(world) + ", " + algo_name + ")", &cache};
         chorus::Options small_o = o, large_o = o;
-        small_o.algorithm = large_o.algorithm = algorithm;
+        small_o.algorithm = large_o.algorithm = chorus::test::forced_where_it_applies(algorithm);
         small_o.chunk_bytes = kSmallSlice;
         large_o.chunk_bytes = *algorithm ? kLargeSlice : 0;
         Comm small = Comm::create(small_o);
@@ -551,7 +552,7 @@ void run_matrix(int world, const char* algorithm, Small&& small_case, Large&& la
       [&](int rank, chorus::Options o) {
         Ctx x{rank, world, where, &cache};
         chorus::Options small_o = o, large_o = o;
-        small_o.algorithm = large_o.algorithm = algorithm;
+        small_o.algorithm = large_o.algorithm = chorus::test::forced_where_it_applies(algorithm);
         small_o.chunk_bytes = kSmallSlice;
         large_o.chunk_bytes = *algorithm ? kLargeSlice : 0;
         Comm small = Comm::create(small_o);

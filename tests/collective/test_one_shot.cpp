@@ -118,7 +118,7 @@ void every_dtype_and_op(int world) {
       world,
       [world](int, chorus::Options o) {
         chorus::Options forced_o = o;
-        forced_o.algorithm = "one_shot";
+        forced_o.algorithm = "all_reduce:one_shot";  // its barrier keeps the model's
         ShmComm forced = ShmComm::create(forced_o);
         AutoComm automatic = AutoComm::create(o);
         const std::string where = "(one_shot, world " + std::to_string(world) + ")";

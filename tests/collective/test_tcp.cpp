@@ -290,15 +290,22 @@ void collectives(int world) {
 
 /// Each algorithm forced: all_reduce (ring, tree, recursive_doubling: every op), broadcast
 /// (binomial, chain) and reduce (binomial, ring: sum and max), each dtype and count, in and out of
-/// place, the last rank as root. Each algorithm runs only on the collectives that have it: forced
-/// on one that lacks it, it is an invalid_argument error (tested in test_algorithms.cpp).
+/// place, the last rank as root. Each algorithm is forced (collective:algorithm pairs) on the
+/// collectives that have it: forced on one that lacks it, it is an invalid_argument error (tested
+/// in test_algorithms.cpp).
 template <class Comm>
 void algorithms(int world) {
   run_procs(world, [world](chorus::Options o) {
     for (const char* algo : {"ring", "tree", "recursive_doubling", "binomial", "chain", ""}) {
       const std::string name = *algo ? algo : "auto";
       chorus::Options ao = o;
-      ao.algorithm = algo;
+      // Forced on the collectives that have it only: the others (the barrier below) keep the model's.
+      const std::string n = algo;
+      ao.algorithm = n == "ring"       ? "all_reduce:ring,reduce:ring"
+                     : n == "binomial" ? "broadcast:binomial,reduce:binomial"
+                     : n == "chain"    ? "broadcast:chain"
+                     : n.empty()       ? ""
+                                       : "all_reduce:" + n;
       ao.chunk_bytes = 1024;
       Comm comm = Comm::create(ao);
       Runner<Comm> run{comm, where_text(Comm::transport_type::kName, world, name)};

@@ -79,18 +79,19 @@ void matrix(int world, const std::string& transport) {
 }
 
 /// all_reduce alone, every dtype and op, in and out of place, with `algo` forced (the model picks
-/// one_shot for everything the matrix sends; host calls, where `algo` cannot run, take the model's).
+/// one_shot for everything the matrix sends).
 void all_reduce_forced(int world, const std::string& algo) {
   chorus::test::run_processes(
       world,
       [&](int, chorus::Options o) {
         SimRuntime rt;
         chorus::device::set_default_runtime(&rt);
-        o.algorithm = algo;
+        IpcComm host = IpcComm::create(o);  // the host-path references: `algo` is for device buffers only
+        o.algorithm = "all_reduce:" + algo;
         IpcComm comm = IpcComm::create(o);
         comm.set_device_runtime(&rt);
         const Stream s = rt.create_stream();
-        chorus::test::device_matrix::Runner<IpcComm> run{comm, rt, s, "(cuda_ipc, " + algo + ")"};
+        chorus::test::device_matrix::Runner<IpcComm> run{comm, rt, s, "(cuda_ipc, " + algo + ")", 0, &host};
         for (DataType dt : chorus::kAllDataTypes)
           for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1031}, std::size_t{5003}})
             for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::band,

@@ -109,6 +109,9 @@ struct Runner {
   Stream stream;
   std::string where;
   std::uint64_t call = 0;
+  /// The communicator of the host-path reference calls, where not `comm` (one that forces an
+  /// algorithm of device buffers only, which host calls refuse).
+  Comm* host_comm = nullptr;
 
   void run(Coll coll, DataType dt, std::size_t count, ReduceOp op, int root, bool in_place) {
     const int r = comm.rank(), n = comm.size();
@@ -202,15 +205,16 @@ struct Runner {
   chorus::Request start(Coll coll, std::byte* in, std::byte* out, std::size_t count, DataType dt, ReduceOp op, int root,
                         bool device) {
     if (!device) {
+      Comm& hc = host_comm ? *host_comm : comm;
       switch (coll) {
-        case Coll::all_reduce: comm.all_reduce(in, out, count, dt, op); break;
-        case Coll::broadcast: comm.broadcast(out, count, dt, root); break;
-        case Coll::reduce: comm.reduce(in, out, count, dt, op, root); break;
-        case Coll::scatter: comm.scatter(in, out, count, dt, root); break;
-        case Coll::gather: comm.gather(in, out, count, dt, root); break;
-        case Coll::all_gather: comm.all_gather(in, out, count, dt); break;
-        case Coll::reduce_scatter: comm.reduce_scatter(in, out, count, dt, op); break;
-        case Coll::all_to_all: comm.all_to_all(in, out, count, dt); break;
+        case Coll::all_reduce: hc.all_reduce(in, out, count, dt, op); break;
+        case Coll::broadcast: hc.broadcast(out, count, dt, root); break;
+        case Coll::reduce: hc.reduce(in, out, count, dt, op, root); break;
+        case Coll::scatter: hc.scatter(in, out, count, dt, root); break;
+        case Coll::gather: hc.gather(in, out, count, dt, root); break;
+        case Coll::all_gather: hc.all_gather(in, out, count, dt); break;
+        case Coll::reduce_scatter: hc.reduce_scatter(in, out, count, dt, op); break;
+        case Coll::all_to_all: hc.all_to_all(in, out, count, dt); break;
       }
       return {};
     }

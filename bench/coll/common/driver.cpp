@@ -76,7 +76,6 @@ class Driver {
         rank_(comm.rank()),
         n_(comm.size()),
         report_(comm.rank() == 0, s, std::move(program)),
-        overrides_(algo::Overrides::from(comm.options())),
         capacity_(std::max<std::size_t>(s.max_bytes, 64)),
         send_(capacity_),
         recv_(capacity_) {
@@ -182,8 +181,9 @@ class Driver {
   std::string algorithm(const Layout& l, DataType dt) const {
     if (!d_.kind) return "p2p";
     if (n_ == 1) return "local";
-    return std::string(
-        algo::to_string(algo::select(*d_.kind, l.count * size_of(dt), n_, comm_.cost_model(), overrides_).algorithm));
+    const algo::Choice c = comm_.planned(*d_.kind, l.count * size_of(dt));
+    if (c.algorithm == algo::Algorithm::hierarchical) return c.latency ? "hier/latency" : "hier/bandwidth";
+    return std::string(algo::to_string(c.algorithm));
   }
 
   /// The call for iteration `iter`: buffers shifted by a multiple of the row's footprint.
@@ -355,7 +355,6 @@ class Driver {
   const int rank_;
   const int n_;
   Reporter report_;
-  algo::Overrides overrides_;
   std::size_t capacity_;
   std::vector<std::byte> send_;
   std::vector<std::byte> recv_;
@@ -382,7 +381,11 @@ int perf_main(const Collective& d, int argc, char** argv) {
     if (runtime && runtime->device_count() == 0)
       throw Error(ErrorCode::unsupported, "--device " + settings.device + ": no device can be used");
     device::set_default_runtime(runtime.get());
-    Comm comm = Comm::create(job_options(settings));
+    Options options = job_options(settings);
+    // --algo forces this program's collective only: the driver's own barriers and checks keep theirs.
+    if (d.kind && !options.algorithm.empty() && options.algorithm.find(':') == std::string::npos)
+      options.algorithm = std::string(algo::to_string(*d.kind)) + ":" + options.algorithm;
+    Comm comm = Comm::create(options);
     rank = comm.rank();
     return Driver(d, comm, settings, program, runtime.get()).run();
   } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 /// (P-1)/P of the buffer per phase: 2(P-1)/P for all-reduce, the bandwidth optimum.
 
 #include <algorithm>
+#include <span>
 
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/common.hpp"
@@ -22,19 +23,44 @@ struct RingPolicy {
   static constexpr int kSlotsInFlight = 4;
 };
 
+/// How a ring cuts its buffer into one chunk per rank: chunk i is [begin(i), begin(i) + size(i))
+/// elements. Even: the flat rings' cut (topology/ring.hpp). The hierarchical algorithms cut
+/// otherwise (algo/hierarchical.hpp): only the first chunks hold data, or chunks of given sizes.
+struct EvenChunks {
+  std::size_t count;
+  int n;
+  std::size_t begin(int i) const { return topology::chunk_begin(i, count, n); }
+  std::size_t size(int i) const { return topology::chunk_size(i, count, n); }
+};
+
+/// The buffer cut evenly into `parts` chunks, given to ranks 0..parts-1; the others' are empty.
+struct FirstChunks {
+  std::size_t count;
+  int parts;
+  std::size_t begin(int i) const { return i < parts ? topology::chunk_begin(i, count, parts) : count; }
+  std::size_t size(int i) const { return i < parts ? topology::chunk_size(i, count, parts) : 0; }
+};
+
+/// Chunk i is [at[i], at[i + 1]).
+struct OffsetChunks {
+  std::span<const std::size_t> at;
+  std::size_t begin(int i) const { return at[static_cast<std::size_t>(i)]; }
+  std::size_t size(int i) const { return at[static_cast<std::size_t>(i) + 1] - at[static_cast<std::size_t>(i)]; }
+};
+
 namespace detail {
 
 /// One ring step: send chunk `send_c` of `from` to next while receiving chunk `recv_c` from prev;
 /// with `reduce`, buf's chunk becomes own's chunk (this rank's contribution: buf itself, or the
 /// input of an out-of-place call) reduced with the received slices, else the slices land in buf.
-template <Transport T>
-void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, const std::byte* from, const std::byte* own,
-               std::size_t count, int send_c, int recv_c, bool reduce) {
+template <class Ch, class Chunks>
+void ring_step(Ch& ch, const Args& a, std::byte* buf, const std::byte* from, const std::byte* own,
+               const Chunks& chunks, int send_c, int recv_c, bool reduce) {
   const int n = ch.size(), r = ch.rank();
   const int next = topology::next(r, n), prev = topology::prev(r, n);
   const std::size_t es = a.elem(), se = slice_elems(a);
-  const std::size_t s_begin = topology::chunk_begin(send_c, count, n), s_size = topology::chunk_size(send_c, count, n);
-  const std::size_t r_begin = topology::chunk_begin(recv_c, count, n), r_size = topology::chunk_size(recv_c, count, n);
+  const std::size_t s_begin = chunks.begin(send_c), s_size = chunks.size(send_c);
+  const std::size_t r_begin = chunks.begin(recv_c), r_size = chunks.size(recv_c);
   // At least one message per step, even for an empty chunk, so that every pair of neighbours
   // exchanges descriptors and a mismatched count is caught, not waited on.
   const std::size_t s_slices = std::max<std::size_t>(1, (s_size + se - 1) / se);
@@ -82,28 +108,35 @@ void ring_step(Channel<T>& ch, const Args& a, std::byte* buf, const std::byte* f
 /// buf holds the reduction of every rank's chunk r. This rank's contribution is read from `in`
 /// (buf itself when null): every chunk is received once, and the one never received is the one
 /// sent first, so buf need not hold a copy of in (only the chunks received are written).
-template <Transport T>
-void ring_reduce_scatter_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count,
-                                  const std::byte* in = nullptr) {
+template <class Ch, class Chunks>
+void ring_reduce_scatter_in_place(Ch& ch, const Args& a, std::byte* buf, const Chunks& chunks, const std::byte* in = nullptr) {
   const int n = ch.size(), r = ch.rank();
   const std::byte* own = in ? in : buf;
   for (int k = 0; k < n - 1; ++k)
-    detail::ring_step(ch, a, buf, k == 0 ? own : buf, own, count, topology::reduce_scatter_send_chunk(r, k, n),
+    detail::ring_step(ch, a, buf, k == 0 ? own : buf, own, chunks, topology::reduce_scatter_send_chunk(r, k, n),
                       topology::reduce_scatter_recv_chunk(r, k, n), /*reduce=*/true);
+}
+template <class Ch>
+void ring_reduce_scatter_in_place(Ch& ch, const Args& a, std::byte* buf, std::size_t count, const std::byte* in = nullptr) {
+  ring_reduce_scatter_in_place(ch, a, buf, EvenChunks{count, ch.size()}, in);
 }
 
 /// All-gather over `buf` whose chunk r (of count elements cut into P) this rank holds.
-template <Transport T>
-void ring_all_gather_in_place(Channel<T>& ch, const Args& a, std::byte* buf, std::size_t count) {
+template <class Ch, class Chunks>
+void ring_all_gather_in_place(Ch& ch, const Args& a, std::byte* buf, const Chunks& chunks) {
   const int n = ch.size(), r = ch.rank();
   for (int k = 0; k < n - 1; ++k)
-    detail::ring_step(ch, a, buf, buf, buf, count, topology::all_gather_send_chunk(r, k, n),
+    detail::ring_step(ch, a, buf, buf, buf, chunks, topology::all_gather_send_chunk(r, k, n),
                       topology::all_gather_recv_chunk(r, k, n), /*reduce=*/false);
+}
+template <class Ch>
+void ring_all_gather_in_place(Ch& ch, const Args& a, std::byte* buf, std::size_t count) {
+  ring_all_gather_in_place(ch, a, buf, EvenChunks{count, ch.size()});
 }
 
 /// All-reduce: out = reduce over ranks of in (count elements).
-template <Transport T>
-void ring_all_reduce(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void ring_all_reduce(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   // 1. Reduce-scatter: rank r ends with chunk r of out fully reduced. Out of place, it reads this
   //    rank's contribution from in: no copy of in to out first.
@@ -117,8 +150,8 @@ void ring_all_reduce(Channel<T>& ch, const Args& a) {
 
 /// Reduce-scatter: in holds P blocks of count elements; out (count) gets block r reduced over
 /// all ranks. Works in the work area, reading in (never writing it).
-template <Transport T>
-void ring_reduce_scatter(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void ring_reduce_scatter(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t total = a.count * static_cast<std::size_t>(n);
   std::byte* work = a.x().work(a.bytes(total));
@@ -128,8 +161,8 @@ void ring_reduce_scatter(Channel<T>& ch, const Args& a) {
 }
 
 /// All-gather: in (count elements) goes to block r of out (P blocks), from every rank.
-template <Transport T>
-void ring_all_gather(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void ring_all_gather(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   a.x().copy(a.out + a.bytes(a.count) * r, a.in, a.bytes(a.count));
   ring_all_gather_in_place(ch, a, a.out, a.count * static_cast<std::size_t>(n));
@@ -142,8 +175,8 @@ namespace chorus::algo {
 /// Broadcast along a pipelined chain root -> root+1 -> ... : the buffer is cut into slices and
 /// every rank forwards slice j while slice j+1 is still arriving. Each rank sends B once:
 /// bandwidth-optimal for large messages; latency (P-1) alpha + (slices) steps.
-template <Transport T>
-void chain_broadcast(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void chain_broadcast(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const int v = topology::to_virtual(r, a.root, n);
   const int from = v == 0 ? -1 : topology::to_real(v - 1, a.root, n);
@@ -170,8 +203,8 @@ void chain_broadcast(Channel<T>& ch, const Args& a) {
 /// Reduce to the root as a ring reduce-scatter (every rank ends with one reduced chunk) followed
 /// by a gather of the chunks to the root: (P-1)/P B per phase per rank, instead of the binomial
 /// tree's B per level, for large messages.
-template <Transport T>
-void ring_reduce(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void ring_reduce(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   std::byte* work = a.x().work(a.bytes(a.count));
   // 1. Reduce-scatter into the work area, reading in: chunk r is complete here.

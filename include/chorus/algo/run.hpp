@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// Runs a planned call's algorithm over its channel: the one switch from (collective, algorithm)
-/// to the algorithm's function (algo/ring.hpp, tree.hpp, double_tree.hpp, direct.hpp). A group of
+/// to the algorithm's function (algo/ring.hpp, tree.hpp, double_tree.hpp, direct.hpp,
+/// hierarchical.hpp). A group of
 /// one rank exchanges nothing; the algorithms' local step (out = in) still applies.
 
 #include "chorus/algo/channel.hpp"
@@ -9,6 +10,7 @@
 #include "chorus/algo/descriptor.hpp"
 #include "chorus/algo/direct.hpp"
 #include "chorus/algo/double_tree.hpp"
+#include "chorus/algo/hierarchical.hpp"
 #include "chorus/algo/ring.hpp"
 #include "chorus/algo/select.hpp"
 #include "chorus/algo/tree.hpp"
@@ -16,7 +18,8 @@
 namespace chorus::algo {
 
 template <Transport T>
-void run(Channel<T>& ch, const CollectiveDesc& desc, const Args& args, const Choice& choice, int group_size) {
+void run(Channel<T>& ch, const CollectiveDesc& desc, const Args& args, const Choice& choice, int group_size,
+         const topology::Hosts& hosts) {
   if (group_size == 1) {  // nothing to exchange; the algorithms' local steps still apply
     Args a = args;
     a.root = 0;
@@ -33,6 +36,16 @@ void run(Channel<T>& ch, const CollectiveDesc& desc, const Args& args, const Cho
         a.x().copy(a.out, a.in, a.bytes(a.count));
         return;  // avg over one rank is the identity
       case CollectiveKind::split: return;
+    }
+  }
+  if (choice.algorithm == Algorithm::hierarchical) {
+    switch (desc.kind) {
+      case CollectiveKind::all_reduce: return hierarchical_all_reduce(ch, args, hosts, choice.latency);
+      case CollectiveKind::reduce_scatter: return hierarchical_reduce_scatter(ch, args, hosts);
+      case CollectiveKind::all_gather: return hierarchical_all_gather(ch, args, hosts);
+      case CollectiveKind::broadcast: return hierarchical_broadcast(ch, args, hosts, choice.latency);
+      case CollectiveKind::reduce: return hierarchical_reduce(ch, args, hosts, choice.latency);
+      default: break;  // (the plan never picks it for the others)
     }
   }
   switch (desc.kind) {

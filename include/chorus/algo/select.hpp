@@ -5,18 +5,23 @@
 /// beta per transport (TransportModel). CHORUS_ALGO forces an algorithm, CHORUS_CHUNK_BYTES the
 /// slice size; both are validated, and the choice is logged at INFO.
 ///
-/// A forced algorithm chooses among the algorithms of the collectives that have several:
-///   all_reduce  ring, tree, recursive_doubling, one_shot (the communicator runs one_shot itself),
-///               two_shot (device buffers over cuda_ipc only, algo/intranode/ipc.hpp)
-///   broadcast   binomial, chain (tree: the binomial tree)
-///   reduce      binomial, ring (tree: the binomial tree)
-/// Forcing one of these collectives to an algorithm it lacks is an invalid_argument error that
-/// names the collective and its algorithms (check_forced). The other collectives have one
-/// algorithm each and run it whatever is forced: all_gather and reduce_scatter ring, gather and
-/// scatter direct, all_to_all pairwise, barrier and split dissemination. The library calls some of
-/// them itself (split runs an all_gather and a barrier), so a job-wide CHORUS_ALGO must not fail them.
+/// CHORUS_ALGO forces an algorithm: a bare name for every collective ("ring"), or a list of
+/// collective:algorithm pairs for some ("all_reduce:hierarchical,broadcast:chain", ';' separates
+/// too); a bare name and pairs may be mixed, the pairs win. The algorithms of each collective:
+///   all_reduce      ring, tree, recursive_doubling, hierarchical, one_shot (the communicator
+///                   runs one_shot itself), two_shot (device buffers over cuda_ipc only,
+///                   algo/intranode/ipc.hpp)
+///   broadcast       binomial, chain, hierarchical (tree: the binomial tree)
+///   reduce          binomial, ring, hierarchical (tree: the binomial tree)
+///   all_gather, reduce_scatter   ring, hierarchical
+///   gather, scatter direct; all_to_all pairwise; barrier dissemination
+/// Forcing a collective to an algorithm it lacks is an invalid_argument error that names the
+/// collective and its algorithms (check_forced); so is forcing one that the communicator's layout
+/// cannot run (hierarchical without two hosts, one of them with two ranks: algo/plan.hpp). The
+/// library's own calls (split's all_gather and barrier) take no override.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -32,7 +37,7 @@
 namespace chorus::algo {
 
 enum class Algorithm { automatic, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination, one_shot, two_shot,
-                       ipc };
+                       ipc, hierarchical };
 
 constexpr std::string_view to_string(Algorithm a) noexcept {
   switch (a) {
@@ -48,6 +53,7 @@ constexpr std::string_view to_string(Algorithm a) noexcept {
     case Algorithm::one_shot: return "one_shot";
     case Algorithm::two_shot: return "two_shot";
     case Algorithm::ipc: return "ipc";
+    case Algorithm::hierarchical: return "hierarchical";
   }
   return "unknown";
 }
@@ -55,12 +61,12 @@ constexpr std::string_view to_string(Algorithm a) noexcept {
 inline Algorithm parse_algorithm(std::string_view s, std::string_view what) {
   for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::tree, Algorithm::recursive_doubling,
                       Algorithm::binomial, Algorithm::chain, Algorithm::direct, Algorithm::pairwise, Algorithm::dissemination,
-                      Algorithm::one_shot, Algorithm::two_shot})
+                      Algorithm::one_shot, Algorithm::two_shot, Algorithm::hierarchical})
     if (s == to_string(a)) return a;
   throw Error(ErrorCode::invalid_argument,
               std::string(what) + "='" + std::string(s) +
                   "' is not one of auto, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, "
-                  "dissemination, one_shot, two_shot");
+                  "dissemination, one_shot, two_shot, hierarchical");
 }
 
 /// The models themselves live with their transports (T::kModel, core/cost_model.hpp).
@@ -73,49 +79,111 @@ inline constexpr double kReduceSecondsPerByte = 1.0 / 10e9;
 struct Choice {
   Algorithm algorithm;
   std::size_t slice_bytes;
+  double seconds = 0;    ///< the model's time for it (0 where the model has none)
+  bool latency = false;  ///< hierarchical: the small-message form (algo/hierarchical.hpp)
 };
+
+/// The collectives a CHORUS_ALGO pair may name (split is the library's own).
+inline constexpr CollectiveKind kForcibleKinds[] = {
+    CollectiveKind::all_reduce, CollectiveKind::broadcast, CollectiveKind::reduce, CollectiveKind::scatter,
+    CollectiveKind::gather, CollectiveKind::all_gather, CollectiveKind::reduce_scatter, CollectiveKind::all_to_all,
+    CollectiveKind::barrier};
 
 /// What the caller forced (Options::algorithm, Options::chunk_bytes, filled from CHORUS_ALGO and
 /// CHORUS_CHUNK_BYTES by Options::apply_env).
 struct Overrides {
-  Algorithm algorithm = Algorithm::automatic;
-  std::size_t slice_bytes = 0;  ///< 0: the model's
+  Algorithm algorithm = Algorithm::automatic;  ///< a bare name: every collective
+  std::array<Algorithm, 16> per_kind{};        ///< by CollectiveKind; automatic: the bare name's
+  std::size_t slice_bytes = 0;                 ///< 0: the model's
+
+  /// What `kind` is forced to (automatic: nothing).
+  Algorithm forced(CollectiveKind kind) const {
+    const Algorithm a = per_kind[static_cast<std::size_t>(kind)];
+    return a != Algorithm::automatic ? a : algorithm;
+  }
+  /// The same overrides without any forced algorithm (the library's own calls).
+  Overrides slices_only() const {
+    Overrides o;
+    o.slice_bytes = slice_bytes;
+    return o;
+  }
 
   static Overrides from(const Options& o) {
     Overrides r;
-    if (!o.algorithm.empty()) r.algorithm = parse_algorithm(o.algorithm, "the algorithm (CHORUS_ALGO)");
     r.slice_bytes = o.chunk_bytes;
+    const std::string_view text = o.algorithm;
+    const auto what = "the algorithm (CHORUS_ALGO)";
+    std::size_t at = 0;
+    while (at <= text.size() && !text.empty()) {
+      const std::size_t end = std::min(text.find_first_of(",;", at), text.size());
+      const std::string_view item = text.substr(at, end - at);
+      at = end + 1;
+      if (item.empty()) {
+        if (end == text.size()) break;
+        throw Error(ErrorCode::invalid_argument, std::string(what) + "='" + std::string(text) + "' has an empty item");
+      }
+      const std::size_t colon = item.find(':');
+      if (colon == std::string_view::npos) {
+        r.algorithm = parse_algorithm(item, what);
+        continue;
+      }
+      const std::string_view kind = item.substr(0, colon);
+      bool known = false;
+      for (CollectiveKind k : kForcibleKinds)
+        if (kind == to_string(k)) {
+          r.per_kind[static_cast<std::size_t>(k)] = parse_algorithm(item.substr(colon + 1), what);
+          known = true;
+        }
+      if (!known)
+        throw Error(ErrorCode::invalid_argument,
+                    std::string(what) + "='" + std::string(text) + "': '" + std::string(kind) +
+                        "' is not a collective (all_reduce, broadcast, reduce, scatter, gather, all_gather, "
+                        "reduce_scatter, all_to_all, barrier)");
+    }
     return r;
   }
 };
 
-/// The algorithms `kind` can be forced to, or an empty list where it has one algorithm and takes
-/// no override (see the top of this file).
+/// The algorithms `kind` can be forced to (see the top of this file).
 inline std::span<const Algorithm> forcible_algorithms(CollectiveKind kind) noexcept {
-  static constexpr Algorithm kAllReduce[] = {Algorithm::ring, Algorithm::tree, Algorithm::recursive_doubling,
-                                             Algorithm::one_shot, Algorithm::two_shot};
-  static constexpr Algorithm kBroadcast[] = {Algorithm::binomial, Algorithm::chain, Algorithm::tree};
-  static constexpr Algorithm kReduce[] = {Algorithm::binomial, Algorithm::ring, Algorithm::tree};
+  static constexpr Algorithm kAllReduce[] = {Algorithm::ring,         Algorithm::tree,     Algorithm::recursive_doubling,
+                                             Algorithm::hierarchical, Algorithm::one_shot, Algorithm::two_shot};
+  static constexpr Algorithm kBroadcast[] = {Algorithm::binomial, Algorithm::chain, Algorithm::hierarchical, Algorithm::tree};
+  static constexpr Algorithm kReduce[] = {Algorithm::binomial, Algorithm::ring, Algorithm::hierarchical, Algorithm::tree};
+  static constexpr Algorithm kRing[] = {Algorithm::ring, Algorithm::hierarchical};
+  static constexpr Algorithm kDirect[] = {Algorithm::direct};
+  static constexpr Algorithm kPairwise[] = {Algorithm::pairwise};
+  static constexpr Algorithm kDissemination[] = {Algorithm::dissemination};
   switch (kind) {
     case CollectiveKind::all_reduce: return kAllReduce;
     case CollectiveKind::broadcast: return kBroadcast;
     case CollectiveKind::reduce: return kReduce;
-    default: return {};
+    case CollectiveKind::all_gather:
+    case CollectiveKind::reduce_scatter: return kRing;
+    case CollectiveKind::gather:
+    case CollectiveKind::scatter: return kDirect;
+    case CollectiveKind::all_to_all: return kPairwise;
+    case CollectiveKind::barrier:
+    case CollectiveKind::split: return kDissemination;
   }
+  return {};
 }
 
 /// Throws invalid_argument when `o` forces `kind` to an algorithm it does not have, e.g.
-/// "CHORUS_ALGO=ring: broadcast has no ring algorithm; it has binomial, chain, tree".
+/// "CHORUS_ALGO (Options::algorithm) = ring: broadcast has no ring algorithm; it has binomial,
+/// chain, hierarchical, tree (or auto)".
 inline void check_forced(CollectiveKind kind, const Overrides& o) {
-  if (o.algorithm == Algorithm::automatic) return;
+  const Algorithm forced = o.forced(kind);
+  if (forced == Algorithm::automatic) return;
   const auto have = forcible_algorithms(kind);
-  if (have.empty() || std::find(have.begin(), have.end(), o.algorithm) != have.end()) return;
+  if (std::find(have.begin(), have.end(), forced) != have.end()) return;
   std::string names;
   for (Algorithm a : have) names += (names.empty() ? "" : ", ") + std::string(to_string(a));
-  throw Error(ErrorCode::invalid_argument, "CHORUS_ALGO (Options::algorithm) = " + std::string(to_string(o.algorithm)) +
+  throw Error(ErrorCode::invalid_argument, "CHORUS_ALGO (Options::algorithm) = " + std::string(to_string(forced)) +
                                                ": " + std::string(to_string(kind)) + " has no " +
-                                               std::string(to_string(o.algorithm)) + " algorithm; it has " + names +
-                                               " (or auto)");
+                                               std::string(to_string(forced)) + " algorithm; it has " + names +
+                                               " (or auto; force one collective with " + std::string(to_string(kind)) +
+                                               ":<algorithm>)");
 }
 
 /// Slices: the transport's (TransportModel::slice), or the override.
@@ -125,8 +193,10 @@ inline std::size_t slice_bytes(const TransportModel& m, const Overrides& o) { re
 /// throws (check_forced).
 inline Choice select(CollectiveKind kind, std::size_t bytes, int n, const TransportModel& m, const Overrides& o) {
   check_forced(kind, o);
+  const Algorithm forced = o.forced(kind);
   const double P = n, B = static_cast<double>(bytes);
   Algorithm pick = Algorithm::automatic;
+  double seconds = 0;
   switch (kind) {
     case CollectiveKind::all_reduce: {
       const double slice = static_cast<double>(slice_bytes(m, o));
@@ -145,8 +215,9 @@ inline Choice select(CollectiveKind kind, std::size_t bytes, int n, const Transp
       pick = Algorithm::ring;
       if (rd <= ring && rd <= tree) pick = Algorithm::recursive_doubling;
       else if (tree < ring) pick = Algorithm::tree;
-      if (o.algorithm == Algorithm::ring || o.algorithm == Algorithm::recursive_doubling || o.algorithm == Algorithm::tree)
-        pick = o.algorithm;
+      if (forced == Algorithm::ring || forced == Algorithm::recursive_doubling || forced == Algorithm::tree)
+        pick = forced;
+      seconds = pick == Algorithm::ring ? ring : pick == Algorithm::tree ? tree : rd;
       break;
     }
     case CollectiveKind::broadcast: {
@@ -156,8 +227,9 @@ inline Choice select(CollectiveKind kind, std::size_t bytes, int n, const Transp
       const double slices = std::max(1.0, std::ceil(B / slice));
       const double chain = (P - 1 + slices - 1) * (m.alpha + std::min(slice, B) * m.beta);
       pick = chain < binomial ? Algorithm::chain : Algorithm::binomial;
-      if (o.algorithm == Algorithm::chain || o.algorithm == Algorithm::binomial) pick = o.algorithm;
-      if (o.algorithm == Algorithm::tree) pick = Algorithm::binomial;
+      if (forced == Algorithm::chain || forced == Algorithm::binomial) pick = forced;
+      if (forced == Algorithm::tree) pick = Algorithm::binomial;
+      seconds = pick == Algorithm::chain ? chain : binomial;
       break;
     }
     case CollectiveKind::reduce: {
@@ -166,12 +238,17 @@ inline Choice select(CollectiveKind kind, std::size_t bytes, int n, const Transp
       const double binomial = std::ceil(std::log2(P)) * (m.alpha + B * (m.beta + kReduceSecondsPerByte));
       const double ring = (P - 1) * (m.alpha + B / P * m.beta) + m.alpha + (P - 1) / P * B * m.beta;
       pick = ring < binomial ? Algorithm::ring : Algorithm::binomial;
-      if (o.algorithm == Algorithm::ring || o.algorithm == Algorithm::binomial) pick = o.algorithm;
-      if (o.algorithm == Algorithm::tree) pick = Algorithm::binomial;
+      if (forced == Algorithm::ring || forced == Algorithm::binomial) pick = forced;
+      if (forced == Algorithm::tree) pick = Algorithm::binomial;
+      seconds = pick == Algorithm::ring ? ring : binomial;
       break;
     }
     case CollectiveKind::all_gather:
-    case CollectiveKind::reduce_scatter: pick = Algorithm::ring; break;
+    case CollectiveKind::reduce_scatter:
+      // P-1 steps of one block (bytes is the block).
+      pick = Algorithm::ring;
+      seconds = (P - 1) * (m.alpha + B * m.beta) + (kind == CollectiveKind::reduce_scatter ? (P - 1) * B * kReduceSecondsPerByte : 0);
+      break;
     case CollectiveKind::gather:
     case CollectiveKind::scatter: pick = Algorithm::direct; break;
     case CollectiveKind::all_to_all: pick = Algorithm::pairwise; break;
@@ -179,7 +256,58 @@ inline Choice select(CollectiveKind kind, std::size_t bytes, int n, const Transp
     case CollectiveKind::split: pick = Algorithm::dissemination; break;
   }
   const std::size_t slice = slice_bytes(m, o);
-  return {pick, slice};
+  return {pick, slice, seconds};
+}
+
+/// The host layout as the model reads it (topology/hosts.hpp).
+struct HostShape {
+  int hosts = 1;
+  int local = 1;  ///< ranks of the largest host
+  int rails = 1;  ///< ranks of the smallest host
+};
+
+/// The collectives that have a hierarchical form (algo/hierarchical.hpp).
+constexpr bool has_hierarchical(CollectiveKind k) {
+  return k == CollectiveKind::all_reduce || k == CollectiveKind::reduce_scatter || k == CollectiveKind::all_gather ||
+         k == CollectiveKind::broadcast || k == CollectiveKind::reduce;
+}
+
+/// The model's time for the hierarchical form of `kind` (`latency`: the small-message one), with
+/// `intra` the links inside a host and `inter` those between hosts (its beta: the host's network
+/// link, shared by the rails: R rails each moving 1/R of the data at 1/R of the rate). `bytes` as
+/// for select (the block for all_gather and reduce_scatter).
+inline double hierarchical_seconds(CollectiveKind kind, std::size_t bytes, int n, const HostShape& s,
+                                   const TransportModel& intra, const TransportModel& inter, bool latency) {
+  const double B = static_cast<double>(bytes), H = s.hosts, L = s.local, S = B * n;
+  const double lg_l = std::ceil(std::log2(L)), lg_h = std::ceil(std::log2(H));
+  const double red = kReduceSecondsPerByte;
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+      if (latency)  // reduce to the leader, recursive doubling among the leaders, broadcast inside
+        return lg_l * (intra.alpha + B * (intra.beta + red)) + lg_h * (inter.alpha + B * (inter.beta + red)) +
+               lg_l * (intra.alpha + B * intra.beta);
+      // host reduce-scatter and all-gather; each rail all-reduces its part across the hosts
+      return 2 * (L - 1) * (intra.alpha + B / L * intra.beta) + 2 * (H - 1) * (inter.alpha + B / H * inter.beta);
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_gather:
+      // host phase over the whole buffer, rail phase over 1/R of it per rail, the blocks copied
+      // into rail order and back (one pass over S)
+      return (L - 1) * (intra.alpha + S / L * intra.beta) + (H - 1) * (inter.alpha + S / H * inter.beta) + S * red;
+    case CollectiveKind::broadcast:
+      if (latency) return lg_h * (inter.alpha + B * inter.beta) + lg_l * (intra.alpha + B * intra.beta);
+      {  // the chain: one hop per rank, one step per slice at the slowest hop
+        const double slice = static_cast<double>(inter.slice);
+        const double slices = std::max(1.0, std::ceil(B / slice));
+        return (n - 1) * inter.alpha + (slices - 1) * (inter.alpha + std::min(slice, B) * inter.beta) +
+               std::min(slice, B) * inter.beta;
+      }
+    case CollectiveKind::reduce:
+      if (latency)
+        return lg_l * (intra.alpha + B * (intra.beta + red)) + lg_h * (inter.alpha + B * (inter.beta + red));
+      return (L - 1) * (intra.alpha + B / L * intra.beta) + (H - 1) * (inter.alpha + B / H * inter.beta) + inter.alpha +
+             B / H * inter.beta + intra.alpha + B / L * intra.beta;
+    default: return 0;
+  }
 }
 
 }  // namespace chorus::algo

@@ -14,8 +14,8 @@ namespace chorus::algo {
 
 /// Broadcast down the binomial tree rooted at a.root: receive from the parent, then send to the
 /// children, largest subtree first. buf = a.out (count elements).
-template <Transport T>
-void binomial_broadcast(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void binomial_broadcast(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t bytes = a.bytes(a.count);
   // 1. Receive the buffer from the parent (the root has it).
@@ -31,8 +31,8 @@ void binomial_broadcast(Channel<T>& ch, const Args& a) {
 /// Reduce up the binomial tree to a.root: accumulate the children's partial results (smallest
 /// subtree first, a fixed order, so the result is the same from run to run), then send to the
 /// parent. The root's result goes to a.out; other ranks leave a.out untouched.
-template <Transport T>
-void binomial_reduce(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void binomial_reduce(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t bytes = a.bytes(a.count);
   const int parent = topology::binomial_parent_rooted(r, a.root, n);
@@ -57,8 +57,8 @@ void binomial_reduce(Channel<T>& ch, const Args& a) {
 /// All-reduce by recursive doubling: at step k exchange the whole buffer with r ^ 2^k and reduce.
 /// Ranks beyond the largest power of two p first hand their data to a proxy (r - p) and get the
 /// result back at the end. For small messages: log2 P latency terms, P log2 P bytes.
-template <Transport T>
-void recursive_doubling_all_reduce(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void recursive_doubling_all_reduce(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t bytes = a.bytes(a.count);
   std::byte* incoming = a.x().slots(bytes);

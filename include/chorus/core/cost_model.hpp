@@ -13,6 +13,10 @@ struct TransportModel {
   double alpha;
   double beta;
   std::size_t slice;
+  /// Time per byte to a rank of another host, where the host's network link rather than the
+  /// transport's own speed bounds it (tcp: beta is loopback's); 0: beta. The cost model reads it
+  /// unless CHORUS_NET_BANDWIDTH gives the rate of the hosts' links (algo/plan.hpp).
+  double remote_beta = 0;
 };
 
 }  // namespace chorus

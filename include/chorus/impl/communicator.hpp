@@ -48,6 +48,7 @@ Communicator<T> Communicator<T>::create(Options options) {
   in.size = s->group.size();
   in.model = algo::group_model(*s->transport, s->group);
   in.overrides = algo::Overrides::from(s->boot.options);
+  s->exchange_layout();
   in.mailboxes = algo::has_mailboxes(s->group);
   in.ipc = in.mailboxes && algo::has_ipc(s->group);
   if (in.ipc) s->ipc_slot_bytes = cuda_ipc::slot_bytes_from_env(s->ctx(-1, "cuda_ipc"));
@@ -61,7 +62,8 @@ Communicator<T> Communicator<T>::create(Options options) {
   s->watch_for_errors();
   if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::init))
     detail::log(detail::LogLevel::info, detail::LogSubsys::init, s->boot.rank, "communicator ready (chorus ", version().string, "): ", s->boot.size,
-                " ranks over ", T::kName,
+                " ranks over ", T::kName, " on ", s->plan_inputs.hosts.describe(), " (local rank ",
+                s->plan_inputs.hosts.local_rank(s->group.rank), " of ", s->plan_inputs.hosts.local_size(s->group.rank), ")",
                 "; device buffers: ",
                 s->plan_inputs.ipc ? "direct reads of every peer's memory (cuda_ipc)" : "staged through pinned host memory",
                 "; memory: ", s->memory_stats().to_string());
@@ -146,6 +148,31 @@ int Communicator<T>::rank() const {
 template <class T>
 int Communicator<T>::size() const {
   return live("size").group.size();
+}
+
+template <class T>
+int Communicator<T>::local_rank() const {
+  const State& st = live("local_rank");
+  return st.plan_inputs.hosts.local_rank(st.group.rank);
+}
+
+template <class T>
+int Communicator<T>::local_size() const {
+  const State& st = live("local_size");
+  return st.plan_inputs.hosts.local_size(st.group.rank);
+}
+
+template <class T>
+int Communicator<T>::host_count() const {
+  return live("host_count").plan_inputs.hosts.host_count();
+}
+
+template <class T>
+algo::Choice Communicator<T>::planned(algo::CollectiveKind kind, std::size_t bytes) const {
+  const State& st = live("planned");
+  algo::CollectiveDesc d;
+  d.kind = kind;
+  return algo::plan<T>(d, bytes, false, st.plan_inputs, [] { return std::size_t(0); }).choice;
 }
 
 template <class T>
@@ -285,12 +312,13 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   const std::size_t bytes = args.bytes(desc.count);
   const bool is_device = args.exec->kind() == MemoryKind::device;
   const algo::Plan plan = algo::plan<T>(desc, bytes, is_device, st.plan_inputs,
-                                        [&st] { return st.ipc_windows().slot_bytes(); });
+                                        [&st] { return st.ipc_windows().slot_bytes(); }, st.internal_calls > 0);
   const algo::Choice choice = plan.choice;
   const bool direct = plan.direct;
   args.slice_bytes = choice.slice_bytes;
   if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::coll))
     detail::log(detail::LogLevel::info, detail::LogSubsys::coll, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
+                choice.algorithm == algo::Algorithm::hierarchical ? (choice.latency ? " (latency form)" : " (bandwidth form)") : "",
                 ", slices of ", choice.slice_bytes, " bytes");
 
   auto task = [&st, desc, args, choice, ticket, direct] {
@@ -327,7 +355,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
                                   [&st](const algo::CollectiveDesc& d) { st.hang.stall(d); });
       } else {
         algo::Channel<T> ch(st.group, desc, st.channel_memory, x, [&st](const algo::CollectiveDesc& d) { st.hang.stall(d); });
-        algo::run(ch, desc, args, choice, st.group.size());
+        algo::run(ch, desc, args, choice, st.group.size(), st.plan_inputs.hosts);
         ch.finish();
       }
     } catch (const Error& e) {

@@ -14,6 +14,16 @@
 
 namespace chorus {
 
+/// Marks the calls of a scope as the library's own (State::internal_calls).
+template <class T>
+struct Communicator<T>::Internal {
+  explicit Internal(State& s) : s_(s) { s_.internal_calls.fetch_add(1, std::memory_order_relaxed); }
+  ~Internal() { s_.internal_calls.fetch_sub(1, std::memory_order_relaxed); }
+  Internal(const Internal&) = delete;
+  Internal& operator=(const Internal&) = delete;
+  State& s_;
+};
+
 template <class T>
 Communicator<T> Communicator<T>::split(int color, int key) {
   State& st = live("split");
@@ -24,7 +34,10 @@ Communicator<T> Communicator<T>::split(int color, int key) {
   // 1. Everyone learns everyone's (color, key) through an all-gather on this communicator.
   const int n = size();
   std::vector<std::int64_t> mine = {color, key}, all(2 * static_cast<std::size_t>(n));
-  all_gather(mine, all);
+  {
+    Internal internal(st);  // the library's own call: no forced algorithm
+    all_gather(mine, all);
+  }
   if (color == kSplitNoColor) {  // in no group: nothing more to take part in
     ++st.split_seq;              // (the others' key names count this split too)
     return Communicator(nullptr);
@@ -46,6 +59,12 @@ Communicator<T> Communicator<T>::split(int color, int key) {
   sub->plan_inputs.size = sub->group.size();
   sub->plan_inputs.model = algo::group_model(*sub->transport, sub->group);
   sub->plan_inputs.overrides = st.plan_inputs.overrides;
+  {
+    std::vector<int> parent_ranks;
+    for (auto& [k, r] : order) parent_ranks.push_back(r);
+    sub->plan_inputs.hosts = st.plan_inputs.hosts.restrict(parent_ranks);
+  }
+  sub->plan_inputs.links = st.plan_inputs.links;  // the parent's, alike on every rank (not this rank's own view)
   sub->group.descriptors = st.group.descriptors;
   // 3. A context id unique in the job: the group's first member draws it from the store, the
   //    others read it. Tags carry it, so the groups never see each other's messages.
@@ -66,7 +85,10 @@ Communicator<T> Communicator<T>::split(int color, int key) {
   sub->watch_for_errors();
   // 4. Nobody uses the new group before everyone has posted its error watch.
   Communicator c(std::move(sub));
-  c.barrier();
+  {
+    Internal internal(*c.s_);
+    c.barrier();
+  }
   return c;
 }
 

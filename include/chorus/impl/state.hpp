@@ -11,9 +11,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/descriptor.hpp"
@@ -30,6 +32,8 @@
 #include "chorus/exec/device.hpp"
 #include "chorus/exec/host.hpp"
 #include "chorus/impl/call_queue.hpp"
+#include "chorus/topology/hosts.hpp"
+#include "chorus/transport/peer_info.hpp"
 
 namespace chorus {
 
@@ -61,6 +65,36 @@ struct Communicator<T>::State {
   /// overrides, whether every peer has mailboxes (shm) and mapped device memory (cuda_ipc).
   algo::PlanInputs plan_inputs;
   std::size_t ipc_slot_bytes = 0;  ///< CHORUS_CUDA_IPC_SLOT_BYTES, read at creation where ipc
+  /// Calls the library makes itself (split's all_gather and barrier) run while this is above 0:
+  /// they take no forced algorithm (algo/plan.hpp). Only the thread that runs split raises it.
+  std::atomic<int> internal_calls{0};
+
+  /// Which ranks share a host, and the models of the links inside and between hosts, alike on
+  /// every rank: each rank publishes its host identity (Options::host_id, else detail::host_id) in
+  /// the communicator's store and reads the others'; then its own links' models, of which every
+  /// rank takes the slowest (algo::HostModels::combine).
+  void exchange_layout() {
+    algo::PlanInputs& in = plan_inputs;
+    const int n = group.size();
+    in.hosts = topology::Hosts(n);
+    in.links = algo::host_models(*transport, group, in.hosts, algo::net_bandwidth_from_env());
+    if (n <= 1) return;
+    auto all = [&](const std::string& what, const std::string& mine) {
+      boot.store->set("topology/" + what + "/" + std::to_string(group.rank), mine);
+      std::vector<std::string> v(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r)
+        v[static_cast<std::size_t>(r)] =
+            r == group.rank ? mine : boot.store->get("topology/" + what + "/" + std::to_string(r), boot.options.timeout);
+      return v;
+    };
+    const std::vector<std::string> ids =
+        all("host", boot.options.host_id.empty() ? chorus::detail::host_id(ctx(-1, "init")) : "id:" + boot.options.host_id);
+    in.hosts = topology::Hosts::from_keys(std::span<const std::string>(ids));
+    const algo::HostModels mine = algo::host_models(*transport, group, in.hosts, algo::net_bandwidth_from_env());
+    algo::HostModels combined;
+    for (const std::string& text : all("links", mine.encode())) combined.combine(algo::HostModels::decode(text));
+    in.links = combined;
+  }
   exec::HostExecutor host_exec;  ///< copies, reductions and scratch of host buffers
   std::shared_ptr<algo::ChannelMemory> channel_memory;  ///< reused by each call's Channel
   /// host_exec's and device_exec's bytes() and channel_memory->bytes() after the last call (memory_stats() reads them

@@ -47,8 +47,9 @@ class Transport : public chorus::detail::EngineTransport<Transport, detail::Engi
   static constexpr std::string_view kName = "tcp";
   /// Loopback TCP on a 2-core machine: ~10 us per message with the waiting thread driving the
   /// socket (an 8-byte all_reduce of 2 ranks, one step: about 10 us), ~3 GB/s
-  /// (bench/p2p/tcp_pingpong); slices of 512 KiB.
-  static constexpr TransportModel kModel{10e-6, 1.0 / 3e9, 512 << 10};
+  /// (bench/p2p/tcp_pingpong); slices of 512 KiB. To another host the host's network link bounds
+  /// it: 10 Gbit/s Ethernet unless CHORUS_NET_BANDWIDTH says otherwise (algo/plan.hpp).
+  static constexpr TransportModel kModel{10e-6, 1.0 / 3e9, 512 << 10, 1.0 / 1.25e9};
   /// Any two ranks (registry.hpp).
   static bool can_connect(const PeerInfo& me, const PeerInfo& peer) {
     (void)me, (void)peer;
