@@ -23,7 +23,13 @@
 /// (of K contiguous pieces, detail::stripe_piece) on stream i, each with the message's tag, id and
 /// the piece's size. Both ends split the same size the same way (the rts/cts exchange made the
 /// sizes equal), the receive completes when its K pieces are in, the send when its K pieces are
-/// written. An extra stream carries data frames only; any failure on any stream breaks the link.
+/// written. An extra stream carries data frames only; any failure on any stream breaks the link,
+/// with one allowance: a peer that exits closes its K connections at once, and their ends may
+/// arrive before the data still on the other streams (K = 1 cannot see this: a connection's end
+/// comes after its data). So a stream closed by the peer between frames breaks the link only when
+/// a piece is still due on it or a later striped message needs it; stream 0 closed that way
+/// breaks it once the pieces due on the other streams are in. A close in mid-frame, and any
+/// other error, break it at once.
 ///
 /// Threading: isend/irecv may be called from any thread; they post to the io_context, and only the
 /// thread that runs it (a waiting caller or the background thread, one at a time: see
@@ -292,6 +298,8 @@ class Link {
     std::array<asio::const_buffer, 2> out_buffers;
     detail::FrameHeader in;                     ///< the header being read
     detail::HandlerMemory handlers;
+    std::uint64_t due = 0;  ///< pieces still to read here: one per striped receive cleared to send
+    bool closed = false;    ///< the peer closed it between frames (see the top of this file)
   };
 
   bool striped(std::uint64_t size) const { return !extra_.empty() && size >= Policy::kStripeBytes; }
@@ -303,6 +311,23 @@ class Link {
   void piece_received(std::uint64_t id);
   void write_stream(Stream& s);
   void read_stream(Stream& s);
+  /// A piece was read on extra stream `s`.
+  void piece_arrived(Stream& s, std::uint64_t id);
+  bool pieces_due() const {
+    for (const auto& s : extra_)
+      if (s->due != 0) return true;
+    return false;
+  }
+  /// Fails the link when an extra stream is closed (a striped message would need it); true then.
+  bool fail_if_stream_closed() {
+    for (const auto& s : extra_)
+      if (s->closed) {
+        fail(ErrorCode::peer_failure, "stream " + std::to_string(s->index) + " of " + std::to_string(streams()) +
+                                          " was closed by the peer (it exited, aborted or was killed)");
+        return true;
+      }
+    return false;
+  }
   std::string piece_size_problem(const detail::FrameHeader& h, int stream, std::uint64_t len) const;
 
   void start_recv(detail::RecvOp r);
@@ -342,10 +367,20 @@ class Link {
   /// Reads what the socket has (at least one byte) behind the bytes still buffered, then parses.
   void fill_inbuf();
 
-  void on_read_error(const boost::system::error_code& ec) {
-    if (ec == asio::error::eof || ec == asio::error::connection_reset)
-      return fail(ErrorCode::peer_failure, "connection closed by the peer (it exited, aborted or was killed)");
-    fail(ErrorCode::peer_failure, "read from peer failed: " + ec.message());
+  void on_read_error(const boost::system::error_code& ec) { fail(ErrorCode::peer_failure, read_error_text(ec)); }
+  static std::string read_error_text(const boost::system::error_code& ec) {
+    if (closed_by_peer(ec)) return "connection closed by the peer (it exited, aborted or was killed)";
+    return "read from peer failed: " + ec.message();
+  }
+  static bool closed_by_peer(const boost::system::error_code& ec) {
+    return ec == asio::error::eof || ec == asio::error::connection_reset;
+  }
+  /// Stream 0's reader met `ec` between frames: breaks the link, unless the peer closed it while
+  /// pieces are still due on other streams (then the last of them breaks it: piece_arrived).
+  void on_read_error_between_frames(const boost::system::error_code& ec) {
+    if (!closed_by_peer(ec) || !pieces_due()) return on_read_error(ec);
+    closed0_ = true;
+    closed_why_ = read_error_text(ec);
   }
 
   void protocol_error(const std::string& what) {
@@ -383,6 +418,8 @@ class Link {
   chorus::detail::IdMap<PendingSend> pending_rts_;
   chorus::detail::IdMap<StripedSend> striped_sends_;  ///< cleared, pieces being written
   std::vector<std::unique_ptr<Stream>> extra_;        ///< streams 1..K-1
+  bool closed0_ = false;    ///< stream 0 closed by the peer while pieces were due elsewhere
+  std::string closed_why_;  ///< ... and how
   boost::circular_buffer<detail::OutFrame> write_queue_;  ///< grows, never shrinks (push_back_growing)
   chorus::detail::SpareBuffers spare_;
   std::vector<std::byte> unexpected_in_;  ///< the unexpected eager payload being read

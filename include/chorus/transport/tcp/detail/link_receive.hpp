@@ -52,6 +52,13 @@ inline void Link::accept_rts(detail::RecvOp r, std::uint64_t size, std::uint64_t
   const int pieces = striped(size) ? streams() : 1;
   if (!active_recv_.emplace(id, detail::ActiveRecv{std::move(r), pieces}).second)
     return protocol_error("duplicate message id");
+  if (pieces > 1) {
+    for (auto& s : extra_) ++s->due;
+    // A closed stream cannot bring its piece: the link breaks, from a handler of its own, since
+    // this may run inside the matcher's walk of its lists (start_recv), which fail() empties.
+    if (std::any_of(extra_.begin(), extra_.end(), [](const auto& s) { return s->closed; }))
+      asio::post(io_, detail::bind_memory(handlers_, [this] { fail_if_stream_closed(); }));
+  }
   enqueue({{static_cast<std::uint32_t>(detail::FrameType::cts), 0, 0, size, id}, {}, nullptr});
 }
 
@@ -83,7 +90,7 @@ inline void Link::fill_inbuf() {
   socket_.async_read_some(asio::buffer(inbuf_.data() + in_end_, inbuf_.size() - in_end_),
                           detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t n) {
                             if (failed_) return;
-                            if (ec) return on_read_error(ec);
+                            if (ec) return on_read_error_between_frames(ec);
                             in_end_ += n;
                             read_header();
                           }));
@@ -197,12 +204,26 @@ inline void Link::piece_received(std::uint64_t id) {
   r.req->complete(r.dst.size);
 }
 
+inline void Link::piece_arrived(Stream& s, std::uint64_t id) {
+  --s.due;
+  piece_received(id);
+  if (failed_) return;
+  // Stream 0 was closed by the peer while this piece was due: the link ends with the last one.
+  if (closed0_ && !pieces_due()) return fail(ErrorCode::peer_failure, closed_why_);
+  read_stream(s);
+}
+
 inline void Link::read_stream(Stream& s) {
   asio::async_read(
       s.socket, asio::buffer(&s.in, sizeof s.in),
       detail::bind_memory(s.handlers, [this, &s](const boost::system::error_code& ec, std::size_t) {
         if (failed_) return;
-        if (ec) return on_read_error(ec);
+        if (ec) {
+          // Closed between frames with no piece due: the peer is leaving; whatever needs this
+          // stream later breaks the link (see link.hpp).
+          if (closed_by_peer(ec) && s.due == 0) return void(s.closed = true);
+          return on_read_error(ec);
+        }
         const auto h = s.in;
         if (static_cast<detail::FrameType>(h.type) != detail::FrameType::data)
           return protocol_error("frame of type " + std::to_string(h.type) + " on stream " + std::to_string(s.index) +
@@ -218,8 +239,7 @@ inline void Link::read_stream(Stream& s) {
                                                                                 std::size_t) {
                            if (failed_) return;
                            if (ec2) return on_read_error(ec2);
-                           piece_received(id);
-                           read_stream(s);
+                           piece_arrived(s, id);
                          }));
       }));
 }

@@ -101,6 +101,7 @@ inline std::size_t Link::send_now(const detail::FrameHeader& h, ConstBytes paylo
 inline void Link::send_striped(const PendingSend& s, std::uint64_t id) {
   const int n = streams();
   striped_sends_.emplace(id, StripedSend{s.req, s.data.size, n});
+  if (fail_if_stream_closed()) return;
   // The extra streams first: stream 0's piece may be written at once, in this call.
   for (int i = n - 1; i >= 0; --i) {
     const auto [off, len] = detail::stripe_piece(s.data.size, i, n);
