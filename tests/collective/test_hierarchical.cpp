@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstddef>
 #include <span>
@@ -243,4 +244,40 @@ TEST_CASE("a forced algorithm that a collective or layout cannot run is invalid_
     expect_error(ErrorCode::invalid_argument, [&] { (void)Comm::create(with_host(o, two, rank, "all_reduce:ring,bogus:ring")); },
                  "unknown collective", {"'bogus' is not a collective"});
   });
+}
+
+TEST_CASE("hierarchical bandwidth forms in pipelined segments (more segments than rails in flight)") {
+  // 16 MiB and more: four segments of 4 MiB or more (algo/hierarchical.hpp, Pipeline), so rails
+  // of several segments are in flight and their lanes are reused.
+  for (const Layout& l : {kLayouts[0], kLayouts[1]}) {
+    const int n = static_cast<int>(l.host.size());
+    CAPTURE(l.name);
+    chorus::test::run_threads(n, [&](int rank, chorus::Options o) {
+      chorus::Options ho = with_host(std::move(o), l, rank, "hierarchical");
+      ho.chunk_bytes = 0;  // the model's slices
+      Comm comm = Comm::create(ho);
+      const std::string tag = std::string(l.name) + " rank " + std::to_string(rank);
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+        const std::size_t count = (std::size_t(1) << 22) + 3;  // floats: 16 MiB
+        const auto seed = seed_of(3, static_cast<int>(op));
+        std::vector<float> in(count), out(count);
+        for (std::size_t i = 0; i < count; ++i) in[i] = input<float>(seed, n, rank, i, op);
+        comm.all_reduce(std::span<const float>(in), std::span<float>(out), op);
+        check_equal<float>(out, [&](std::size_t i) { return expected_all_reduce<float>(seed, n, i, op); }, "all_reduce " + tag, rank);
+        const std::size_t block = count / static_cast<std::size_t>(n) + 1;
+        std::vector<float> sin(block * static_cast<std::size_t>(n)), sout(block);
+        for (std::size_t i = 0; i < sin.size(); ++i) sin[i] = input<float>(seed, n, rank, i, op);
+        comm.reduce_scatter(std::span<const float>(sin), std::span<float>(sout), op);
+        check_equal<float>(
+            sout, [&](std::size_t i) { return expected_all_reduce<float>(seed, n, block * static_cast<std::size_t>(rank) + i, op); },
+            "reduce_scatter " + tag, rank);
+        std::vector<std::int32_t> gin(block), gout(block * static_cast<std::size_t>(n));
+        for (std::size_t i = 0; i < block; ++i) gin[i] = pattern<std::int32_t>(seed, rank, i);
+        comm.all_gather(std::span<const std::int32_t>(gin), std::span<std::int32_t>(gout));
+        check_equal<std::int32_t>(
+            gout, [&](std::size_t i) { return pattern<std::int32_t>(seed, static_cast<int>(i / block), i % block); },
+            "all_gather " + tag, rank);
+      }
+    });
+  }
 }

@@ -28,6 +28,7 @@
 /// theirs bit for bit wherever the reduction is exact (integers; floats whose sums are exact).
 
 #include <algorithm>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -129,6 +130,215 @@ Place place(const Ch& ch, const topology::Hosts& hosts) {
   return {me, ch.size(), hosts.host_of(me), hosts.local_rank(me), hosts.local_size(me), hosts.host_count(), hosts.rails()};
 }
 
+/// The bandwidth forms run in segments, pipelined: each segment goes through its stages (host
+/// phase, rail phase across the hosts, host phase), every stage a set of messages in flight
+/// (Stage: a ring run step by step, or a list of messages), and up to kWindow segments are in
+/// flight at once, each stage on a lane of its own (lane 0 stays the other phases'). The calling
+/// thread polls every stage in flight (which drives their links: tcp and shm alike), so the
+/// rails carry one segment while the host phases of others run; after kSpins passes without
+/// progress it blocks on the oldest segment's stage (its waits spin, then sleep).
+///
+/// Segments are cut so that a rail's message per step is 64 KiB (a segment of R x H x 64 KiB: R
+/// rails, H hosts), small enough for the links' eager path (tcp sends up to 64 KiB without a
+/// request-to-send round trip, which a rank busy with its host phases would answer late). 2 hosts
+/// x 2 ranks, 1 Gbit/s links (scripts/hosts-bench), all_reduce of 64 MiB, medians of 3: segments
+/// of 128 KiB 565 ms, 256 KiB 566 ms, 512 KiB 606 ms, 1 MiB 604 ms, 4 MiB 660 ms (the link's
+/// limit: 537 ms); 4 x 2: 256 KiB 845 ms, 512 KiB 850 ms (limit 805 ms).
+struct Pipeline {
+  static constexpr std::size_t kRailMessageBytes = std::size_t(64) << 10;
+  static constexpr int kMaxSegments = 1024;
+  static constexpr int kWindow = 4;  ///< segments in flight
+  static constexpr int kStageLanes = 3;
+  static constexpr int kSpins = 16;
+  /// Segments for a buffer of `bytes` over `rails` rails of `hosts` hosts.
+  static int segments(std::size_t bytes, int rails, int hosts) {
+    const std::size_t segment = kRailMessageBytes * static_cast<std::size_t>(rails) * static_cast<std::size_t>(hosts);
+    return static_cast<int>(std::clamp<std::size_t>(bytes / segment, 1, kMaxSegments));
+  }
+  /// The lane of segment k's stage i.
+  static int lane(int k, int stage) { return 1 + (k % kWindow) * kStageLanes + stage; }
+};
+
+/// A stage of a segment: messages in flight.
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  /// Completes what has arrived, posts what follows; true once the stage is done.
+  virtual bool advance() = 0;
+  /// Blocks until one more step is done (or the stage).
+  virtual void step() = 0;
+};
+
+/// A ring over a sub-channel (reduce-scatter, all-gather or both: all-reduce) on `buf` cut by
+/// chunk offsets (`at`, one more than the ring's ranks), one message per step each way. `own`
+/// (a reduce-scatter's contribution, buf where null) is read for the chunks sent first and
+/// reduced with; received chunks land in `scratch` (the largest chunk) and are reduced into buf.
+template <class Ch>
+class AsyncRing final : public Stage {
+ public:
+  enum class Kind { reduce_scatter, all_gather, all_reduce };
+
+  AsyncRing(Ch& ch, const Args& a, std::byte* buf, std::vector<std::size_t> at, Kind kind, int lane, std::byte* scratch,
+            const std::byte* own = nullptr)
+      : ch_(ch), a_(a), buf_(buf), own_(own ? own : buf), at_(std::move(at)), lane_(lane), scratch_(scratch) {
+    const int n = ch.size();
+    rs_steps_ = kind == Kind::all_gather ? 0 : n - 1;
+    steps_ = rs_steps_ + (kind == Kind::reduce_scatter ? 0 : n - 1);
+    if (steps_ > 0) post();
+  }
+
+  bool advance() override {
+    while (step_ < steps_) {
+      if (!recv_.req.test() || !send_.req.test()) return false;
+      complete();
+    }
+    return true;
+  }
+  void step() override {
+    if (step_ < steps_) complete();
+  }
+
+ private:
+  std::size_t begin(int i) const { return at_[static_cast<std::size_t>(i)]; }
+  std::size_t size(int i) const { return at_[static_cast<std::size_t>(i) + 1] - at_[static_cast<std::size_t>(i)]; }
+
+  void post() {
+    const int n = ch_.size(), r = ch_.rank();
+    const bool rs = step_ < rs_steps_;
+    const int k = rs ? step_ : step_ - rs_steps_;
+    const int send_c = rs ? topology::reduce_scatter_send_chunk(r, k, n) : topology::all_gather_send_chunk(r, k, n);
+    recv_c_ = rs ? topology::reduce_scatter_recv_chunk(r, k, n) : topology::all_gather_recv_chunk(r, k, n);
+    const std::byte* from = step_ == 0 ? own_ : buf_;
+    recv_ = ch_.irecv(topology::prev(r, n), mbytes(rs ? scratch_ : buf_ + a_.bytes(begin(recv_c_)), a_.bytes(size(recv_c_))),
+                      lane_);
+    send_ = ch_.isend(topology::next(r, n), cbytes(from + a_.bytes(begin(send_c)), a_.bytes(size(send_c))), lane_);
+  }
+  void complete() {
+    ch_.wait(recv_);
+    ch_.wait(send_);
+    if (step_ < rs_steps_) {
+      const std::size_t at = a_.bytes(begin(recv_c_));
+      a_.x().reduce(a_.op, a_.dtype, buf_ + at, own_ + at, scratch_, size(recv_c_));
+    }
+    if (++step_ < steps_) post();
+  }
+
+  Ch& ch_;
+  const Args& a_;
+  std::byte* buf_;
+  const std::byte* own_;
+  std::vector<std::size_t> at_;
+  int lane_;
+  std::byte* scratch_;
+  int rs_steps_ = 0, steps_ = 0, step_ = 0;
+  int recv_c_ = 0;
+  ChannelOp send_{}, recv_{};
+};
+
+/// Messages posted at once (a gather or a scatter inside a host); done when all are.
+template <class Ch>
+class AsyncOps final : public Stage {
+ public:
+  explicit AsyncOps(Ch& ch) : ch_(ch) {}
+  void send(int peer, ConstBytes b, int lane) { ops_.push_back(ch_.isend(peer, b, lane)); }
+  void recv(int peer, MutableBytes b, int lane) { ops_.push_back(ch_.irecv(peer, b, lane)); }
+  bool advance() override {
+    while (next_ < ops_.size()) {
+      if (!ops_[next_].req.test()) return false;
+      ch_.wait(ops_[next_++]);
+    }
+    return true;
+  }
+  void step() override {
+    if (next_ < ops_.size()) ch_.wait(ops_[next_++]);
+  }
+
+ private:
+  Ch& ch_;
+  std::vector<ChannelOp> ops_;
+  std::size_t next_ = 0;
+};
+
+/// Runs `segments` segments through `stages` stages each: `make(k, i)` starts stage i of segment k
+/// (its local work done at once) and returns its messages in flight, or null where it has none.
+/// Segments enter in order, at most Pipeline::kWindow at once; see Pipeline for the polling.
+/// Every rank runs the same segments and stages; their messages meet by lane, whatever order
+/// the ranks' polling completes them in.
+template <class Make>
+void pipeline(int segments, int stages, Make&& make) {
+  struct Slot {
+    int k = -1, stage = 0;
+    std::unique_ptr<Stage> cur;
+  };
+  std::vector<Slot> slots(static_cast<std::size_t>(Pipeline::kWindow));
+  // Starts stages of `s` until one has messages in flight or the segment is done.
+  auto start_next = [&](Slot& s) {
+    while (s.stage < stages) {
+      s.cur = make(s.k, s.stage);
+      if (s.cur) return;
+      ++s.stage;
+    }
+    s.k = -1;
+  };
+  int next = 0, left = segments, idle = 0;
+  while (left > 0) {
+    bool progress = false;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      Slot& s = slots[i];
+      // Segment k takes slot k % kWindow once segment k - kWindow has left it: the lanes and
+      // the work area of a slot are never used by two segments at once.
+      if (s.k < 0 && next < segments && static_cast<std::size_t>(next % Pipeline::kWindow) == i) {
+        s.k = next++;
+        s.stage = 0;
+        start_next(s);
+        progress = true;
+      }
+      while (s.k >= 0 && s.cur && s.cur->advance()) {
+        s.cur.reset();
+        ++s.stage;
+        start_next(s);
+        progress = true;
+      }
+      if (s.k < 0 && s.stage == stages) {
+        s.stage = 0;
+        --left;
+      }
+    }
+    if (progress) {
+      idle = 0;
+    } else if (++idle >= Pipeline::kSpins) {
+      // Nothing moved for a while: block on the oldest segment's stage.
+      Slot* oldest = nullptr;
+      for (Slot& s : slots)
+        if (s.k >= 0 && s.cur && (!oldest || s.k < oldest->k)) oldest = &s;
+      if (oldest) oldest->cur->step();
+      idle = 0;
+    }
+  }
+}
+
+/// The work area of a bandwidth form: per segment in flight, `region` bytes (its piece of every
+/// block, or nothing) and two scratch areas of `scratch` bytes (the host ring's, the rail's).
+class SegmentWork {
+ public:
+  SegmentWork(const Args& a, std::size_t region, std::size_t scratch)
+      : region_(region), scratch_(scratch), base_(a.x().work((region + 2 * scratch) * Pipeline::kWindow)) {}
+  std::byte* region(int k) const { return base_ + (region_ + 2 * scratch_) * static_cast<std::size_t>(k % Pipeline::kWindow); }
+  std::byte* host_scratch(int k) const { return region(k) + region_; }
+  std::byte* rail_scratch(int k) const { return region(k) + region_ + scratch_; }
+
+ private:
+  std::size_t region_, scratch_;
+  std::byte* base_;
+};
+
+/// Chunk offsets of FirstChunks over a ring of n ranks.
+inline std::vector<std::size_t> offsets(const FirstChunks& c, int n) {
+  std::vector<std::size_t> at(static_cast<std::size_t>(n) + 1);
+  for (int i = 0; i <= n; ++i) at[static_cast<std::size_t>(i)] = i < n ? c.begin(i) : c.count;
+  return at;
+}
+
 }  // namespace detail
 
 /// all_reduce: out = reduction over ranks of in. `latency`: the small-message form.
@@ -166,98 +376,140 @@ void hierarchical_all_reduce(Ch& ch, const Args& a, const topology::Hosts& hosts
     }
     return;
   }
-  // 1. Host reduce-scatter: local rank i < R ends with part i reduced over its host.
-  const FirstChunks parts{a.count, R};
-  if (L > 1) ring_reduce_scatter_in_place(intra, s, a.out, parts, a.in);
-  else a.x().copy(a.out, a.in, bytes);
-  if (l < R) {
-    // 2. Rail l all-reduces part l across the hosts (a ring of one rank per host).
-    std::byte* part = a.out + a.bytes(parts.begin(l));
-    if (H > 1) {
-      const std::vector<int> rail = hosts.rail(l);
-      SubChannel rc(ch, rail, h);
-      Args x = s;
-      x.in = part;
-      x.out = part;
-      x.count = parts.size(l);
-      ring_all_reduce(rc, x);
+  // Per segment: 1. host reduce-scatter: local rank i < R ends with part i reduced over its host;
+  // 2. rail l all-reduces part l across the hosts (a ring of one rank per host); 3. host all-gather.
+  using detail::Pipeline;
+  using Ring = detail::AsyncRing<SubChannel<Ch>>;
+  const int K = Pipeline::segments(bytes, R, H);
+  const EvenChunks seg{a.count, K};
+  const std::vector<int> rail = l < R ? hosts.rail(l) : std::vector<int>{};
+  SubChannel rc(ch, rail, h);
+  const detail::SegmentWork sw(a, 0, a.bytes(a.count / static_cast<std::size_t>(K) / static_cast<std::size_t>(R) + 4));
+  auto part = [&](int k) { return FirstChunks{seg.size(k), R}; };
+  detail::pipeline(K, 3, [&](int k, int stage) -> std::unique_ptr<detail::Stage> {
+    const std::size_t b = seg.begin(k);
+    const FirstChunks p = part(k);
+    std::byte* out = a.out + a.bytes(b);
+    if (stage == 0) {
+      if (L == 1) {
+        a.x().copy(out, a.in + a.bytes(b), a.bytes(seg.size(k)));
+        return nullptr;
+      }
+      return std::make_unique<Ring>(intra, s, out, detail::offsets(p, L), Ring::Kind::reduce_scatter, Pipeline::lane(k, 0),
+                                    sw.host_scratch(k), a.in + a.bytes(b));
     }
-    if (a.op == ReduceOp::avg) a.x().finalize_avg(a.dtype, part, parts.size(l), P);
-  }
-  // 3. Host all-gather of the parts.
-  if (L > 1) ring_all_gather_in_place(intra, a, a.out, parts);
+    if (stage == 1) {
+      if (l >= R || H == 1) return nullptr;
+      std::vector<std::size_t> at(static_cast<std::size_t>(H) + 1);
+      for (int g = 0; g <= H; ++g) at[static_cast<std::size_t>(g)] = topology::chunk_begin(g, p.size(l), H);
+      return std::make_unique<Ring>(rc, s, out + a.bytes(p.begin(l)), std::move(at), Ring::Kind::all_reduce,
+                                    Pipeline::lane(k, 1), sw.rail_scratch(k));
+    }
+    if (l < R && a.op == ReduceOp::avg) a.x().finalize_avg(a.dtype, out + a.bytes(p.begin(l)), p.size(l), P);
+    if (L == 1) return nullptr;
+    return std::make_unique<Ring>(intra, a, out, detail::offsets(p, L), Ring::Kind::all_gather, Pipeline::lane(k, 2), nullptr);
+  });
 }
 
 /// reduce_scatter: in holds P blocks of count; out (count) gets block r reduced over the ranks.
+/// Per segment (a piece of every block): 1. the pieces in rail-part order in the work area, and a
+/// host reduce-scatter: local rank i < R ends with part i reduced over its host; 2. rail l
+/// reduce-scatters part l: host g's member ends with the pieces of host g's ranks; 3. each piece to
+/// its rank inside the host.
 template <class Ch>
 void hierarchical_reduce_scatter(Ch& ch, const Args& a, const topology::Hosts& hosts) {
+  using detail::Pipeline;
+  using Ring = detail::AsyncRing<SubChannel<Ch>>;
+  using Ops = detail::AsyncOps<SubChannel<Ch>>;
   const auto [me, P, h, l, L, H, R] = detail::place(ch, hosts);
   const auto local = hosts.members(h);
-  const std::size_t block = a.bytes(a.count);
   const detail::BlockOrder bo(hosts);
   const Args s = detail::summing(a);
-  // 1. The blocks in rail-part order in the work area.
-  std::byte* w = a.x().work(block * static_cast<std::size_t>(P));
-  for (std::size_t k = 0; k < bo.order.size(); ++k)
-    a.x().copy(w + k * block, a.in + block * static_cast<std::size_t>(bo.order[k]), block);
-  // 2. Host reduce-scatter: local rank i < R ends with part i reduced over its host.
   SubChannel intra(ch, local, l);
-  const std::vector<std::size_t> at = bo.host_chunks(L, R, a.count);
-  if (L > 1) ring_reduce_scatter_in_place(intra, s, w, OffsetChunks{at});
-  // 3. Rail l reduce-scatters part l: host g's member ends with the blocks of host g's ranks.
-  const int server = l % R;  // the local rank that holds this rank's block after 3
-  if (l < R && H > 1) {
-    const std::vector<int> rail = hosts.rail(l);
-    SubChannel rc(ch, rail, h);
-    ring_reduce_scatter_in_place(rc, s, w, OffsetChunks{bo.rail_chunks(l, H, a.count)});
-  }
-  // 4. Each block to its rank: a rail member sends the blocks of the other local ranks of its part.
-  if (l < R) {
-    auto& sends = ch.ops(0);
-    for (std::size_t j = static_cast<std::size_t>(l); j < local.size(); j += static_cast<std::size_t>(R)) {
-      std::byte* b = w + block * static_cast<std::size_t>(bo.position[static_cast<std::size_t>(local[j])]);
-      if (a.op == ReduceOp::avg) a.x().finalize_avg(a.dtype, b, a.count, P);
-      if (static_cast<int>(j) == l) a.x().copy(a.out, b, block);
-      else sends.push_back(intra.isend(static_cast<int>(j), cbytes(b, block)));
+  const std::vector<int> rail = l < R ? hosts.rail(l) : std::vector<int>{};
+  SubChannel rc(ch, rail, h);
+  const int K = Pipeline::segments(a.bytes(a.count) * static_cast<std::size_t>(P), R, H);
+  const EvenChunks seg{a.count, K};
+  const std::size_t region = a.bytes((a.count / static_cast<std::size_t>(K) + 1) * static_cast<std::size_t>(P));
+  const detail::SegmentWork sw(a, region, region);
+  detail::pipeline(K, 3, [&](int k, int stage) -> std::unique_ptr<detail::Stage> {
+    const std::size_t c = seg.size(k), b = seg.begin(k);
+    std::byte* w = sw.region(k);
+    if (stage == 0) {
+      for (std::size_t i = 0; i < bo.order.size(); ++i)
+        a.x().copy(w + a.bytes(i * c), a.in + a.bytes(static_cast<std::size_t>(bo.order[i]) * a.count + b), a.bytes(c));
+      if (L == 1) return nullptr;
+      return std::make_unique<Ring>(intra, s, w, bo.host_chunks(L, R, c), Ring::Kind::reduce_scatter, Pipeline::lane(k, 0),
+                                    sw.host_scratch(k));
     }
-    ch.wait_all(sends);
-  } else {
-    intra.recv(server, mbytes(a.out, block));
-  }
+    if (stage == 1) {
+      if (l >= R || H == 1) return nullptr;
+      return std::make_unique<Ring>(rc, s, w, bo.rail_chunks(l, H, c), Ring::Kind::reduce_scatter, Pipeline::lane(k, 1),
+                                    sw.rail_scratch(k));
+    }
+    std::byte* out = a.out + a.bytes(b);
+    auto ops = std::make_unique<Ops>(intra);
+    if (l >= R) {
+      ops->recv(l % R, mbytes(out, a.bytes(c)), Pipeline::lane(k, 2));
+      return ops;
+    }
+    for (std::size_t j = static_cast<std::size_t>(l); j < local.size(); j += static_cast<std::size_t>(R)) {
+      std::byte* piece = w + a.bytes(static_cast<std::size_t>(bo.position[static_cast<std::size_t>(local[j])]) * c);
+      if (a.op == ReduceOp::avg) a.x().finalize_avg(a.dtype, piece, c, P);
+      if (static_cast<int>(j) == l) a.x().copy(out, piece, a.bytes(c));
+      else ops->send(static_cast<int>(j), cbytes(piece, a.bytes(c)), Pipeline::lane(k, 2));
+    }
+    return ops;
+  });
 }
 
-/// all_gather: in (count) goes to block r of out (P blocks), on every rank.
+/// all_gather: in (count) goes to block r of out (P blocks), on every rank. Per segment (a piece
+/// of every block): 1. the pieces of a host's part p meet at its local rank p; 2. rail l
+/// all-gathers part l across the hosts; 3. a host all-gather of the parts, and the pieces into
+/// their blocks.
 template <class Ch>
 void hierarchical_all_gather(Ch& ch, const Args& a, const topology::Hosts& hosts) {
+  using detail::Pipeline;
+  using Ring = detail::AsyncRing<SubChannel<Ch>>;
+  using Ops = detail::AsyncOps<SubChannel<Ch>>;
   const auto [me, P, h, l, L, H, R] = detail::place(ch, hosts);
   const auto local = hosts.members(h);
-  const std::size_t block = a.bytes(a.count);
   const detail::BlockOrder bo(hosts);
   SubChannel intra(ch, local, l);
-  std::byte* w = a.x().work(block * static_cast<std::size_t>(P));
-  // 1. The blocks of a host's part p meet at its local rank p.
-  if (l < R) {
-    auto& recvs = ch.ops(0);
-    for (std::size_t j = static_cast<std::size_t>(l); j < local.size(); j += static_cast<std::size_t>(R)) {
-      std::byte* b = w + block * static_cast<std::size_t>(bo.position[static_cast<std::size_t>(local[j])]);
-      if (static_cast<int>(j) == l) a.x().copy(b, a.in, block);
-      else recvs.push_back(intra.irecv(static_cast<int>(j), mbytes(b, block)));
+  const std::vector<int> rail = l < R ? hosts.rail(l) : std::vector<int>{};
+  SubChannel rc(ch, rail, h);
+  const int K = Pipeline::segments(a.bytes(a.count) * static_cast<std::size_t>(P), R, H);
+  const EvenChunks seg{a.count, K};
+  const detail::SegmentWork sw(a, a.bytes((a.count / static_cast<std::size_t>(K) + 1) * static_cast<std::size_t>(P)), 0);
+  detail::pipeline(K, 4, [&](int k, int stage) -> std::unique_ptr<detail::Stage> {
+    const std::size_t c = seg.size(k), b = seg.begin(k);
+    std::byte* w = sw.region(k);
+    if (stage == 0) {
+      const std::byte* in = a.in + a.bytes(b);
+      auto ops = std::make_unique<Ops>(intra);
+      if (l >= R) {
+        ops->send(l % R, cbytes(in, a.bytes(c)), Pipeline::lane(k, 0));
+        return ops;
+      }
+      for (std::size_t j = static_cast<std::size_t>(l); j < local.size(); j += static_cast<std::size_t>(R)) {
+        std::byte* piece = w + a.bytes(static_cast<std::size_t>(bo.position[static_cast<std::size_t>(local[j])]) * c);
+        if (static_cast<int>(j) == l) a.x().copy(piece, in, a.bytes(c));
+        else ops->recv(static_cast<int>(j), mbytes(piece, a.bytes(c)), Pipeline::lane(k, 0));
+      }
+      return ops;
     }
-    ch.wait_all(recvs);
-  } else {
-    intra.send(l % R, cbytes(a.in, block));
-  }
-  // 2. Rail l all-gathers part l across the hosts.
-  if (l < R && H > 1) {
-    const std::vector<int> rail = hosts.rail(l);
-    SubChannel rc(ch, rail, h);
-    ring_all_gather_in_place(rc, a, w, OffsetChunks{bo.rail_chunks(l, H, a.count)});
-  }
-  // 3. Host all-gather of the parts.
-  if (L > 1) ring_all_gather_in_place(intra, a, w, OffsetChunks{bo.host_chunks(L, R, a.count)});
-  // 4. The blocks back in rank order.
-  for (std::size_t k = 0; k < bo.order.size(); ++k)
-    a.x().copy(a.out + block * static_cast<std::size_t>(bo.order[k]), w + k * block, block);
+    if (stage == 1) {
+      if (l >= R || H == 1) return nullptr;
+      return std::make_unique<Ring>(rc, a, w, bo.rail_chunks(l, H, c), Ring::Kind::all_gather, Pipeline::lane(k, 1), nullptr);
+    }
+    if (stage == 2) {
+      if (L == 1) return nullptr;
+      return std::make_unique<Ring>(intra, a, w, bo.host_chunks(L, R, c), Ring::Kind::all_gather, Pipeline::lane(k, 2), nullptr);
+    }
+    for (std::size_t i = 0; i < bo.order.size(); ++i)
+      a.x().copy(a.out + a.bytes(static_cast<std::size_t>(bo.order[i]) * a.count + b), w + a.bytes(i * c), a.bytes(c));
+    return nullptr;
+  });
 }
 
 /// broadcast from a.root: a chain that crosses each host boundary once (bandwidth form), or a

@@ -286,13 +286,18 @@ inline double hierarchical_seconds(CollectiveKind kind, std::size_t bytes, int n
       if (latency)  // reduce to the leader, recursive doubling among the leaders, broadcast inside
         return lg_l * (intra.alpha + B * (intra.beta + red)) + lg_h * (inter.alpha + B * (inter.beta + red)) +
                lg_l * (intra.alpha + B * intra.beta);
-      // host reduce-scatter and all-gather; each rail all-reduces its part across the hosts
-      return 2 * (L - 1) * (intra.alpha + B / L * intra.beta) + 2 * (H - 1) * (inter.alpha + B / H * inter.beta);
+      // host reduce-scatter and all-gather; each rail all-reduces its part across the hosts. The
+      // segments are pipelined (algo/hierarchical.hpp): a segment's messages pass every stage one
+      // after the other (the latency terms add up), while the host phases move their bytes beside
+      // the rails carrying other segments (the slower of the two sets the time).
+      return 2 * (L - 1) * intra.alpha + 2 * (H - 1) * inter.alpha +
+             std::max(2 * (L - 1) * B / L * intra.beta, 2 * (H - 1) * B / H * inter.beta);
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_gather:
-      // host phase over the whole buffer, rail phase over 1/R of it per rail, the blocks copied
-      // into rail order and back (one pass over S)
-      return (L - 1) * (intra.alpha + S / L * intra.beta) + (H - 1) * (inter.alpha + S / H * inter.beta) + S * red;
+      // host phase over the whole buffer and the blocks copied into rail order and back (one
+      // pass over S), beside the rail phase over 1/R of it per rail (pipelined, as all_reduce)
+      return (L - 1) * intra.alpha + (H - 1) * inter.alpha +
+             std::max((L - 1) * S / L * intra.beta + S * red, (H - 1) * S / H * inter.beta);
     case CollectiveKind::broadcast:
       if (latency) return lg_h * (inter.alpha + B * inter.beta) + lg_l * (intra.alpha + B * intra.beta);
       {  // the chain: one hop per rank, one step per slice at the slowest hop
