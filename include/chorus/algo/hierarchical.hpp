@@ -344,7 +344,8 @@ inline std::vector<std::size_t> offsets(const FirstChunks& c, int n) {
 /// all_reduce: out = reduction over ranks of in. `latency`: the small-message form.
 template <class Ch>
 void hierarchical_all_reduce(Ch& ch, const Args& a, const topology::Hosts& hosts, bool latency) {
-  const auto [me, P, h, l, L, H, R] = detail::place(ch, hosts);
+  const detail::Place pl = detail::place(ch, hosts);
+  [[maybe_unused]] const int me = pl.me, P = pl.P, h = pl.h, l = pl.l, L = pl.L, H = pl.H, R = pl.R;
   const std::size_t bytes = a.bytes(a.count);
   SubChannel intra(ch, hosts.members(h), l);
   const Args s = detail::summing(a);
@@ -421,7 +422,8 @@ void hierarchical_reduce_scatter(Ch& ch, const Args& a, const topology::Hosts& h
   using detail::Pipeline;
   using Ring = detail::AsyncRing<SubChannel<Ch>>;
   using Ops = detail::AsyncOps<SubChannel<Ch>>;
-  const auto [me, P, h, l, L, H, R] = detail::place(ch, hosts);
+  const detail::Place pl = detail::place(ch, hosts);
+  [[maybe_unused]] const int me = pl.me, P = pl.P, h = pl.h, l = pl.l, L = pl.L, H = pl.H, R = pl.R;
   const auto local = hosts.members(h);
   const detail::BlockOrder bo(hosts);
   const Args s = detail::summing(a);
@@ -472,7 +474,8 @@ void hierarchical_all_gather(Ch& ch, const Args& a, const topology::Hosts& hosts
   using detail::Pipeline;
   using Ring = detail::AsyncRing<SubChannel<Ch>>;
   using Ops = detail::AsyncOps<SubChannel<Ch>>;
-  const auto [me, P, h, l, L, H, R] = detail::place(ch, hosts);
+  const detail::Place pl = detail::place(ch, hosts);
+  [[maybe_unused]] const int me = pl.me, P = pl.P, h = pl.h, l = pl.l, L = pl.L, H = pl.H, R = pl.R;
   const auto local = hosts.members(h);
   const detail::BlockOrder bo(hosts);
   SubChannel intra(ch, local, l);
@@ -554,7 +557,8 @@ void hierarchical_broadcast(Ch& ch, const Args& a, const topology::Hosts& hosts,
 /// reduce to a.root: out (at the root) = reduction over ranks of in.
 template <class Ch>
 void hierarchical_reduce(Ch& ch, const Args& a, const topology::Hosts& hosts, bool latency) {
-  const auto [me, P, h, l, L, H, R] = detail::place(ch, hosts);
+  const detail::Place pl = detail::place(ch, hosts);
+  [[maybe_unused]] const int me = pl.me, P = pl.P, h = pl.h, l = pl.l, L = pl.L, H = pl.H, R = pl.R;
   const int root = a.root, root_host = hosts.host_of(root);
   const auto local = hosts.members(h);
   const std::size_t bytes = a.bytes(a.count);
