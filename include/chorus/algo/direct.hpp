@@ -16,8 +16,8 @@
 namespace chorus::algo {
 
 /// Gather: every rank's in (count elements) lands in block r of the root's out (P blocks).
-template <Transport T>
-void direct_gather(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void direct_gather(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t block = a.bytes(a.count);
   if (r != a.root) return ch.send(a.root, cbytes(a.in, block));
@@ -29,8 +29,8 @@ void direct_gather(Channel<T>& ch, const Args& a) {
 }
 
 /// Scatter: block p of the root's in (P blocks of count) goes to rank p's out.
-template <Transport T>
-void direct_scatter(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void direct_scatter(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t block = a.bytes(a.count);
   if (r != a.root) return ch.recv(a.root, mbytes(a.out, block));
@@ -44,8 +44,8 @@ void direct_scatter(Channel<T>& ch, const Args& a) {
 /// All-to-all: block p of in goes to rank p, arriving as block r of its out. In place (in and
 /// out overlapping) the input is first copied to the work area, since a received block would
 /// overwrite one not yet sent.
-template <Transport T>
-void pairwise_all_to_all(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void pairwise_all_to_all(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   const std::size_t block = a.bytes(a.count);
   const std::size_t total = block * static_cast<std::size_t>(n);
@@ -64,8 +64,8 @@ void pairwise_all_to_all(Channel<T>& ch, const Args& a) {
 }
 
 /// Barrier: in round k signal r + 2^k and wait for r - 2^k (empty messages).
-template <Transport T>
-void dissemination_barrier(Channel<T>& ch) {
+template <class Ch>
+void dissemination_barrier(Ch& ch) {
   const int n = ch.size(), r = ch.rank();
   for (int k = 0; k < topology::dissemination_rounds(n); ++k)
     ch.sendrecv(topology::dissemination_send_peer(r, k, n), ConstBytes{},

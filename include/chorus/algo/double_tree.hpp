@@ -31,14 +31,14 @@ namespace detail {
 /// The receives of the children's slices are posted kWindow slices ahead, into kWindow slots per
 /// child, so a slice that arrives early lands in place (no unexpected-message copy) and a
 /// rendezvous-sized slice is never held up waiting for its receive.
-template <Transport T>
+template <class Ch>
 class TreePipeline {
  public:
   static constexpr std::size_t kWindow = 2;  ///< slices whose receives are posted ahead, per child
 
   static std::size_t slot_bytes(const Args& a) { return 2 * kWindow * a.bytes(slice_elems(a)); }
 
-  TreePipeline(Channel<T>& ch, const Args& a, topology::TreeNode node, int depth, int max_depth, int lane,
+  TreePipeline(Ch& ch, const Args& a, topology::TreeNode node, int depth, int max_depth, int lane,
                std::size_t begin, std::size_t count, std::byte* slots)
       : ch_(ch),
         a_(a),
@@ -100,33 +100,33 @@ class TreePipeline {
       down_sends_.push_back(ch_.isend(node_.children[c], cbytes(at(j), bytes), lane_));
   }
 
-  Channel<T>& ch_;
+  Ch& ch_;
   const Args& a_;
   topology::TreeNode node_;
   std::size_t up_at_, down_at_;
   int lane_;
   std::size_t begin_, count_, se_, slices_;
   std::byte* slots_;
-  typename Channel<T>::Op in_[2][kWindow];
-  std::vector<typename Channel<T>::Op>& up_sends_;
-  std::vector<typename Channel<T>::Op>& down_sends_;
+  ChannelOp in_[2][kWindow];
+  std::vector<ChannelOp>& up_sends_;
+  std::vector<ChannelOp>& down_sends_;
 };
 
 }  // namespace detail
 
 /// All-reduce over the double binary tree: half the buffer on each tree, both pipelines advanced
 /// in lock step (lanes 0 and 1 keep their messages apart where two ranks are linked in both).
-template <Transport T>
-void double_tree_all_reduce(Channel<T>& ch, const Args& a) {
+template <class Ch>
+void double_tree_all_reduce(Ch& ch, const Args& a) {
   const int n = ch.size(), r = ch.rank();
   a.x().copy(a.out, a.in, a.bytes(a.count));
   const std::size_t half = a.count / 2;
-  const std::size_t per_tree = detail::TreePipeline<T>::slot_bytes(a);
+  const std::size_t per_tree = detail::TreePipeline<Ch>::slot_bytes(a);
   std::byte* slots = a.x().slots(2 * per_tree);
   const auto nodes = topology::double_binary_tree(r, n);
   const int max_depth = topology::ceil_log2(n);
-  detail::TreePipeline<T> t0(ch, a, nodes[0], topology::binary_tree_depth(r, n, 0), max_depth, 0, 0, half, slots);
-  detail::TreePipeline<T> t1(ch, a, nodes[1], topology::binary_tree_depth(r, n, 1), max_depth, 1, half,
+  detail::TreePipeline<Ch> t0(ch, a, nodes[0], topology::binary_tree_depth(r, n, 0), max_depth, 0, 0, half, slots);
+  detail::TreePipeline<Ch> t1(ch, a, nodes[1], topology::binary_tree_depth(r, n, 1), max_depth, 1, half,
                              a.count - half, slots + per_tree);
   for (std::size_t t = 0; t < std::max(t0.steps(), t1.steps()); ++t) {
     if (t < t0.steps()) t0.step(t);

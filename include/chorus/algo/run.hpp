@@ -17,8 +17,10 @@
 
 namespace chorus::algo {
 
-template <Transport T>
-void run(Channel<T>& ch, const CollectiveDesc& desc, const Args& args, const Choice& choice, int group_size,
+/// `Ch`: the communicator's Channel<T>, or any type with its interface (sim::Channel runs the same
+/// switch over a simulated network: include/chorus/sim/).
+template <class Ch>
+void run(Ch& ch, const CollectiveDesc& desc, const Args& args, const Choice& choice, int group_size,
          const topology::Hosts& hosts) {
   if (group_size == 1) {  // nothing to exchange; the algorithms' local steps still apply
     Args a = args;

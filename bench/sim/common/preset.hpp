@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+/// Reads a network model (sim/network.hpp) from a JSON preset (bench/sim/presets/). Units are in
+/// the key names; every key of the file must be known (a misspelt one is an error, not a default):
+///
+///   { "name": "...", "source": "where each figure comes from",
+///     "intra": { "latency_us": 1.5, "bandwidth_GBps": 5, "overhead_us": 0.5,
+///                "eager_bytes": 32768, "slice_bytes": 262144 },
+///     "inter": { ... the same keys, bandwidth per NIC ... },
+///     "nic_per_rank": false, "reduce_GBps": 10, "copy_GBps": 10 }
+///
+/// GBps is 1e9 bytes/s; "bandwidth_Gbitps" may stand for "bandwidth_GBps" (1e9 bits/s).
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "chorus/core/error.hpp"
+#include "chorus/sim/network.hpp"
+
+namespace chorus::bench::sim {
+
+inline chorus::sim::NetworkModel load_preset(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(ErrorCode::invalid_argument, "sim preset '" + path + "' cannot be opened");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::invalid_argument, "sim preset '" + path + "' is not JSON: " + e.what());
+  }
+  auto bad = [&](const std::string& what) { throw Error(ErrorCode::invalid_argument, "sim preset '" + path + "': " + what); };
+  auto known = [&](const nlohmann::json& o, const std::set<std::string>& keys, const std::string& where) {
+    if (!o.is_object()) bad(where + " is not an object");
+    for (auto it = o.begin(); it != o.end(); ++it)
+      if (!keys.count(it.key())) bad("unknown key '" + where + it.key() + "'");
+  };
+  auto number = [&](const nlohmann::json& o, const char* key, const std::string& where) -> double {
+    if (!o.contains(key)) bad("missing '" + where + key + "'");
+    if (!o.at(key).is_number()) bad("'" + where + key + "' is not a number");
+    return o.at(key).get<double>();
+  };
+  known(j, {"name", "source", "notes", "intra", "inter", "nic_per_rank", "reduce_GBps", "copy_GBps"}, "");
+  chorus::sim::NetworkModel m;
+  m.name = j.value("name", path);
+  m.source = j.value("source", "");
+  auto link = [&](const char* key) {
+    chorus::sim::LinkClass c;
+    if (!j.contains(key)) bad(std::string("missing '") + key + "'");
+    const auto& o = j.at(key);
+    const std::string where = std::string(key) + ".";
+    known(o, {"latency_us", "bandwidth_GBps", "bandwidth_Gbitps", "overhead_us", "eager_bytes", "slice_bytes", "notes"}, where);
+    c.latency = number(o, "latency_us", where) * 1e-6;
+    if (o.contains("bandwidth_Gbitps"))
+      c.bandwidth = number(o, "bandwidth_Gbitps", where) * 1e9 / 8;
+    else
+      c.bandwidth = number(o, "bandwidth_GBps", where) * 1e9;
+    c.overhead = number(o, "overhead_us", where) * 1e-6;
+    c.eager_bytes = static_cast<std::size_t>(number(o, "eager_bytes", where));
+    c.slice_bytes = static_cast<std::size_t>(number(o, "slice_bytes", where));
+    return c;
+  };
+  m.intra = link("intra");
+  m.inter = link("inter");
+  m.nic_per_rank = j.value("nic_per_rank", false);
+  m.reduce_rate = number(j, "reduce_GBps", "") * 1e9;
+  m.copy_rate = number(j, "copy_GBps", "") * 1e9;
+  m.check();
+  return m;
+}
+
+}  // namespace chorus::bench::sim

@@ -1,0 +1,500 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+/// The discrete-event engine: N virtual ranks, each a fiber (boost::context::fiber) that runs
+/// chorus's own algorithm code through a sim::Channel, in virtual time over the network model of
+/// sim/network.hpp.
+///
+/// Scheduling. Each rank has a clock. A rank runs until it waits for an operation that is not
+/// complete (or polls one while its clock is ahead of the engine's time, Request::test()); the
+/// next runnable rank then runs, in the order they became runnable. When none is runnable the
+/// earliest event fires (events are ordered by (time, sequence number)) and the engine's time
+/// moves to it. A rank woken at time t continues at max(its clock, t). Nothing depends on the
+/// host's clock or on addresses: a run is deterministic, the same inputs give the same times.
+///
+/// Messages. isend/irecv pair up per (sender, receiver, lane) in order, as the real links match
+/// (the k-th send meets the k-th receive). Events of a message: ready (its sender's overhead
+/// after posting) -> arrival at the receiver's rx queue -> delivered; a rendezvous one has a
+/// request-to-send and a clear-to-send first (sim/network.hpp). An eager send completes at once
+/// (its bytes are in the link's hands, as with tcp and shm); a rendezvous send when its data
+/// has left the tx queue; a receive when its data is delivered.
+///
+/// Lean by design (4,096 ranks x thousands of messages each): events are plain structs in a
+/// binary heap (no std::function), messages come from a free list, an operation's request is
+/// allocated from a pool and eager sends share one completed request.
+
+#include <algorithm>
+#include <boost/context/fiber.hpp>
+#include <boost/context/fixedsize_stack.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chorus/algo/group.hpp"
+#include "chorus/core/error.hpp"
+#include "chorus/core/request.hpp"
+#include "chorus/sim/network.hpp"
+
+namespace chorus::sim {
+
+class Engine;
+
+/// A request of the simulator: chorus's RequestState (so that ChannelOp::req.test() works) with
+/// the virtual time it completed at and the rank that waits for it.
+struct SimRequest : detail::RequestState {
+  SimRequest(int rank, int peer, const char* verb, std::size_t bytes, int lane_)
+      : RequestState(rank, peer, detail::LazyOp{verb, static_cast<std::uint64_t>(lane_), bytes, &format},
+                     std::chrono::milliseconds(0)),
+        owner(rank),
+        peer_rank(peer),
+        lane(lane_),
+        size(bytes) {}
+  static std::string format(const char* verb, std::uint64_t lane, std::size_t bytes) {
+    return std::string(verb) + " lane " + std::to_string(lane) + " (" + std::to_string(bytes) + " bytes)";
+  }
+  double t_done = 0;
+  int owner, peer_rank, lane;
+  std::size_t size;
+};
+
+/// The layout: H hosts of L ranks, rank r on host r / L.
+struct Layout {
+  int hosts = 1;
+  int ranks_per_host = 1;
+  int ranks() const { return hosts * ranks_per_host; }
+  int host_of(int r) const { return r / ranks_per_host; }
+};
+
+class Engine {
+ public:
+  Engine(const NetworkModel& model, Layout layout, std::size_t stack_bytes = 128 << 10)
+      : m_(model), layout_(layout), stack_bytes_(stack_bytes) {
+    m_.check();
+    if (layout.hosts < 1 || layout.ranks_per_host < 1)
+      throw Error(ErrorCode::invalid_argument, "sim: a layout needs at least one host of one rank");
+    const auto n = static_cast<std::size_t>(layout.ranks());
+    ranks_.resize(n);
+    intra_tx_.resize(n);
+    intra_rx_.resize(n);
+    const std::size_t nics = m_.nic_per_rank ? n : static_cast<std::size_t>(layout.hosts);
+    nic_tx_.resize(nics);
+    nic_rx_.resize(nics);
+    pairs_.resize(n);
+    done_send_ = std::allocate_shared<SimRequest>(PoolAlloc<SimRequest>(&pool_), -1, -1, "send", 0, 0);
+    done_send_->complete(0);
+    driver_ = std::make_shared<Poller>(*this);
+  }
+  /// Channels (and the requests their operations hold) go before their engine.
+  ~Engine() = default;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const NetworkModel& model() const { return m_; }
+  const Layout& layout() const { return layout_; }
+  int size() const { return layout_.ranks(); }
+
+  /// Runs `body(rank)` on every rank from virtual time 0 until all return. Throws the first
+  /// rank's error, or a deadlock error naming the ranks still waiting and for what.
+  template <class Body>
+  void run(Body&& body) {
+    namespace ctx = boost::context;
+    reset();
+    const int n = size();
+    for (int r = 0; r < n; ++r) {
+      Rank& k = ranks_[static_cast<std::size_t>(r)];
+      k.self = ctx::fiber(std::allocator_arg, ctx::fixedsize_stack(stack_bytes_), [this, r, &body](ctx::fiber&& back) {
+        Rank& me = ranks_[static_cast<std::size_t>(r)];
+        me.back = std::move(back);
+        try {
+          body(r);
+        } catch (const Error& e) {
+          if (!error_) error_ = std::current_exception();
+        } catch (const std::exception& e) {
+          if (!error_) error_ = std::current_exception();
+        }
+        me.finished = true;
+        ++finished_;
+        return std::move(me.back);
+      });
+      runnable_.push_back(r);
+    }
+    while (!error_) {
+      while (head_ < runnable_.size() && !error_) {
+        const int r = runnable_[head_++];
+        current_ = r;
+        Rank& k = ranks_[static_cast<std::size_t>(r)];
+        k.clock = std::max(k.clock, now_);
+        k.self = std::move(k.self).resume();
+        current_ = -1;
+      }
+      runnable_.clear();
+      head_ = 0;
+      if (error_ || events_.empty()) break;
+      std::pop_heap(events_.begin(), events_.end(), Later{});
+      const Event e = events_.back();
+      events_.pop_back();
+      now_ = e.t;
+      fire(e);
+    }
+    if (!error_ && finished_ != n) error_ = std::make_exception_ptr(deadlock());
+    // Fibers still suspended unwind when destroyed (a rank that failed leaves the others waiting).
+    for (Rank& k : ranks_) k.self = {};
+    events_.clear();
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+  /// Virtual time of the engine (the last event's), and a rank's own clock.
+  double now() const { return now_; }
+  double& clock(int r) { return ranks_[static_cast<std::size_t>(r)].clock; }
+  const double& clock(int r) const { return ranks_[static_cast<std::size_t>(r)].clock; }
+  bool finished(int r) const { return ranks_[static_cast<std::size_t>(r)].finished; }
+  /// Events fired and messages sent in the last run.
+  std::uint64_t events() const { return fired_; }
+  std::uint64_t messages() const { return messages_; }
+
+  // ---- what sim::Channel calls, on the fiber of rank `me` ----------------------------------------
+
+  bool same_host(int a, int b) const { return layout_.host_of(a) == layout_.host_of(b); }
+  const LinkClass& link(int a, int b) const { return same_host(a, b) ? m_.intra : m_.inter; }
+
+  Request isend(int me, int peer, std::size_t bytes, int lane) {
+    check_peer(me, peer, "send");
+    ++messages_;
+    const LinkClass& c = link(me, peer);
+    Rank& k = ranks_[static_cast<std::size_t>(me)];
+    k.clock += c.overhead;
+    Msg* m = pair_up(peer, me, lane, /*send=*/true);
+    m->src = me;
+    m->dst = peer;
+    m->bytes = bytes;
+    m->lane = lane;
+    m->rendezvous = bytes > c.eager_bytes;
+    m->has_send = true;
+    Request r;
+    if (m->rendezvous) {
+      m->send = make_request(me, peer, "send", bytes, lane);
+      r = Request(m->send);
+    } else {
+      r = Request(done_send_);
+    }
+    if (m->has_recv) check_sizes(*m);
+    schedule(k.clock, Ev::ready, m);
+    return r;
+  }
+
+  Request irecv(int me, int peer, std::size_t bytes, int lane) {
+    check_peer(me, peer, "recv");
+    Msg* m = pair_up(me, peer, lane, /*send=*/false);
+    m->recv = make_request(me, peer, "recv", bytes, lane);
+    m->recv_bytes = bytes;
+    m->has_recv = true;
+    m->posted_at = ranks_[static_cast<std::size_t>(me)].clock;
+    Request r(m->recv);
+    if (m->has_send) check_sizes(*m);
+    if (m->header) {
+      if (m->rendezvous)
+        schedule(m->posted_at + link(m->src, me).latency, Ev::cts, m);
+      else
+        finish_recv(m, m->delivered_at);
+    }
+    return r;
+  }
+
+  /// Blocks rank `me` until `q` completes, then advances its clock to the completion.
+  void wait(int me, SimRequest& q) {
+    Rank& k = ranks_[static_cast<std::size_t>(me)];
+    if (!q.done()) {
+      k.waiting = &q;
+      suspend(k);
+    }
+    k.clock = std::max(k.clock, q.t_done);
+  }
+
+  /// Charges `seconds` of compute to rank `me`.
+  void charge(int me, double seconds) { ranks_[static_cast<std::size_t>(me)].clock += seconds; }
+
+ private:
+  enum class Ev : std::uint8_t { ready, rts, cts, arrive, deliver, wake };
+
+  struct Msg {
+    int src = -1, dst = -1, lane = 0;
+    std::size_t bytes = 0, recv_bytes = 0;
+    bool rendezvous = false, has_send = false, has_recv = false, header = false;
+    double posted_at = 0, delivered_at = 0, tx_start = 0, tx_end = 0;
+    std::shared_ptr<SimRequest> send, recv;
+  };
+
+  struct Event {
+    double t;
+    std::uint64_t seq;
+    Msg* msg;
+    int rank;
+    Ev kind;
+  };
+  struct Later {
+    bool operator()(const Event& a, const Event& b) const { return a.t != b.t ? a.t > b.t : a.seq > b.seq; }
+  };
+
+  struct Rank {
+    boost::context::fiber self, back;
+    double clock = 0;
+    SimRequest* waiting = nullptr;
+    bool finished = false;
+  };
+
+  /// The operations in flight between a receiver and one sender on one lane, not yet paired:
+  /// sends waiting for their receives, or receives for their sends (never both).
+  struct Pair {
+    int peer, lane;
+    bool sends;  ///< what `wait` holds
+    std::vector<Msg*> wait;
+    std::size_t head = 0;
+  };
+
+  /// A free list for the engine's requests (allocate_shared: object and control block in one).
+  struct Pool {
+    std::vector<void*> free;
+    std::size_t size = 0;
+    ~Pool() {
+      for (void* p : free) ::operator delete(p);
+    }
+  };
+  template <class T>
+  struct PoolAlloc {
+    using value_type = T;
+    Pool* pool;
+    explicit PoolAlloc(Pool* p) : pool(p) {}
+    template <class U>
+    PoolAlloc(const PoolAlloc<U>& o) : pool(o.pool) {}
+    T* allocate(std::size_t n) {
+      const std::size_t b = n * sizeof(T);
+      if (pool->size == 0) pool->size = b;
+      if (b == pool->size && !pool->free.empty()) {
+        void* p = pool->free.back();
+        pool->free.pop_back();
+        return static_cast<T*>(p);
+      }
+      return static_cast<T*>(::operator new(b));
+    }
+    void deallocate(T* p, std::size_t n) {
+      if (n * sizeof(T) == pool->size) return pool->free.push_back(p);
+      ::operator delete(p);
+    }
+    template <class U>
+    bool operator==(const PoolAlloc<U>& o) const {
+      return pool == o.pool;
+    }
+  };
+
+  /// Request::test() on a pending request polls: a rank whose clock is ahead of the engine's
+  /// time lets the events up to its clock fire first, so what it sees complete is what would
+  /// have completed by then.
+  class Poller final : public detail::Driver {
+   public:
+    explicit Poller(Engine& e) : e_(e) {}
+    void drive(const detail::RequestState&, Clock::time_point) override {}
+    void drive_until(bool (*)(const void*), const void*, Clock::time_point) override {}
+    void poll() override { e_.catch_up(); }
+    void on_timeout(const Error&) override {}
+
+   private:
+    Engine& e_;
+  };
+
+  std::shared_ptr<SimRequest> make_request(int me, int peer, const char* verb, std::size_t bytes, int lane) {
+    auto q = std::allocate_shared<SimRequest>(PoolAlloc<SimRequest>(&pool_), me, peer, verb, bytes, lane);
+    q->set_driver(driver_);
+    return q;
+  }
+
+  void reset() {
+    now_ = 0;
+    fired_ = messages_ = 0;
+    seq_ = 0;
+    finished_ = 0;
+    current_ = -1;
+    for (Rank& k : ranks_) k.clock = 0, k.waiting = nullptr, k.finished = false;
+    for (auto* v : {&intra_tx_, &intra_rx_, &nic_tx_, &nic_rx_})
+      for (Server& s : *v) s.free = 0;
+    for (auto& ps : pairs_) ps.clear();
+  }
+
+  void check_peer(int me, int peer, const char* op) const {
+    if (peer < 0 || peer >= size() || peer == me)
+      throw Error(ErrorCode::invalid_argument, ErrorContext{me, peer, op},
+                  "sim: peer " + std::to_string(peer) + " is not another rank of the " + std::to_string(size()));
+  }
+  void check_sizes(const Msg& m) {
+    if (m.bytes != m.recv_bytes)
+      throw Error(ErrorCode::mismatch, ErrorContext{m.dst, m.src, "recv lane " + std::to_string(m.lane)},
+                  "sim: a message of " + std::to_string(m.bytes) + " bytes met a receive of " +
+                      std::to_string(m.recv_bytes) + " bytes");
+  }
+
+  /// The message of the next send (send) or receive from `src` to `dst` on `lane`: the oldest
+  /// unpaired one of the other side, or a new one.
+  Msg* pair_up(int dst, int src, int lane, bool send) {
+    auto& list = pairs_[static_cast<std::size_t>(dst)];
+    Pair* p = nullptr;
+    for (Pair& q : list)
+      if (q.peer == src && q.lane == lane) {
+        p = &q;
+        break;
+      }
+    if (!p) {
+      list.push_back(Pair{src, lane, send, {}, 0});
+      p = &list.back();
+    }
+    if (p->head < p->wait.size() && p->sends != send) {
+      Msg* m = p->wait[p->head++];
+      if (p->head == p->wait.size()) p->wait.clear(), p->head = 0;
+      return m;
+    }
+    Msg* m = new_msg();
+    p->sends = send;
+    p->wait.push_back(m);
+    return m;
+  }
+
+  Msg* new_msg() {
+    if (free_msgs_.empty()) return msgs_.emplace_back(std::make_unique<Msg>()).get();
+    Msg* m = free_msgs_.back();
+    free_msgs_.pop_back();
+    return m;
+  }
+  void free_msg(Msg* m) {
+    m->send.reset();
+    m->recv.reset();
+    *m = Msg{};
+    free_msgs_.push_back(m);
+  }
+
+  void schedule(double t, Ev kind, Msg* m, int rank = -1) {
+    events_.push_back(Event{t, seq_++, m, rank, kind});
+    std::push_heap(events_.begin(), events_.end(), Later{});
+  }
+
+  Server& tx(int src, int dst) {
+    if (same_host(src, dst)) return intra_tx_[static_cast<std::size_t>(src)];
+    return nic_tx_[static_cast<std::size_t>(m_.nic_per_rank ? src : layout_.host_of(src))];
+  }
+  Server& rx(int src, int dst) {
+    if (same_host(src, dst)) return intra_rx_[static_cast<std::size_t>(dst)];
+    return nic_rx_[static_cast<std::size_t>(m_.nic_per_rank ? dst : layout_.host_of(dst))];
+  }
+
+  /// The data enters the sender's tx queue now.
+  void start_data(Msg* m) {
+    const LinkClass& c = link(m->src, m->dst);
+    Server& s = tx(m->src, m->dst);
+    m->tx_start = std::max(now_, s.free);
+    m->tx_end = m->tx_start + static_cast<double>(m->bytes) / c.bandwidth;
+    s.free = m->tx_end;
+    if (m->rendezvous) complete(*m->send, m->tx_end);
+    schedule(m->tx_start + c.latency, Ev::arrive, m);
+  }
+
+  void fire(const Event& e) {
+    ++fired_;
+    Msg* m = e.msg;
+    switch (e.kind) {
+      case Ev::ready:
+        if (m->rendezvous)
+          schedule(now_ + link(m->src, m->dst).latency, Ev::rts, m);
+        else
+          start_data(m);
+        return;
+      case Ev::rts:
+        m->header = true;
+        if (m->has_recv) schedule(std::max(now_, m->posted_at) + link(m->src, m->dst).latency, Ev::cts, m);
+        return;
+      case Ev::cts: start_data(m); return;
+      case Ev::arrive: {
+        const LinkClass& c = link(m->src, m->dst);
+        Server& s = rx(m->src, m->dst);
+        const double start = std::max(now_, s.free);
+        const double delivered = std::max(start + static_cast<double>(m->bytes) / c.bandwidth, m->tx_end + c.latency);
+        s.free = delivered;
+        schedule(delivered, Ev::deliver, m);
+        return;
+      }
+      case Ev::deliver:
+        m->delivered_at = now_;
+        if (m->rendezvous) return finish_recv(m, now_);
+        m->header = true;
+        if (m->has_recv) finish_recv(m, now_);
+        return;
+      case Ev::wake: runnable_.push_back(e.rank); return;
+    }
+  }
+
+  void finish_recv(Msg* m, double t) {
+    complete(*m->recv, t);
+    free_msg(m);
+  }
+
+  void complete(SimRequest& q, double t) {
+    q.t_done = t;
+    q.complete(q.size);
+    if (q.owner < 0) return;
+    Rank& k = ranks_[static_cast<std::size_t>(q.owner)];
+    if (k.waiting == &q) {
+      k.waiting = nullptr;
+      runnable_.push_back(q.owner);
+    }
+  }
+
+  void suspend(Rank& k) { k.back = std::move(k.back).resume(); }
+
+  void catch_up() {
+    if (current_ < 0) return;
+    Rank& k = ranks_[static_cast<std::size_t>(current_)];
+    if (k.clock <= now_) return;
+    schedule(k.clock, Ev::wake, nullptr, current_);
+    suspend(k);
+  }
+
+  Error deadlock() const {
+    std::string s;
+    int shown = 0, stuck = 0;
+    for (int r = 0; r < size(); ++r) {
+      const Rank& k = ranks_[static_cast<std::size_t>(r)];
+      if (k.finished) continue;
+      ++stuck;
+      if (shown++ >= 8) continue;
+      s += "; rank " + std::to_string(r);
+      if (k.waiting)
+        s += " waits for " + k.waiting->context().op + " from/to peer " + std::to_string(k.waiting->peer_rank);
+      else
+        s += " is not waiting for a message";
+    }
+    return Error(ErrorCode::timeout, "sim: no event left at virtual time " + std::to_string(now_) + " s while " +
+                                         std::to_string(stuck) + " of " + std::to_string(size()) +
+                                         " ranks have not finished" + s);
+  }
+
+  NetworkModel m_;
+  Layout layout_;
+  std::size_t stack_bytes_;
+  std::vector<Rank> ranks_;
+  std::vector<Server> intra_tx_, intra_rx_, nic_tx_, nic_rx_;
+  std::vector<std::vector<Pair>> pairs_;  ///< per receiver
+  std::vector<Event> events_;             ///< a binary heap (Later)
+  std::vector<int> runnable_;
+  std::size_t head_ = 0;
+  std::vector<Msg*> free_msgs_;
+  std::vector<std::unique_ptr<Msg>> msgs_;  ///< every message made (they are reused)
+  Pool pool_;
+  std::shared_ptr<SimRequest> done_send_;
+  std::shared_ptr<Poller> driver_;
+  double now_ = 0;
+  std::uint64_t seq_ = 0, fired_ = 0, messages_ = 0;
+  int finished_ = 0, current_ = -1;
+  std::exception_ptr error_;
+};
+
+}  // namespace chorus::sim

@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+/// sim::Executor: an exec::Executor whose copies and reductions move no bytes but charge the
+/// virtual rank their time (bytes / the model's copy_rate or reduce_rate, sim/network.hpp), and
+/// whose memory (the call's buffers, slots, work, staging) is one Arena: a PROT_NONE,
+/// MAP_NORESERVE reservation that is never touched. Only sizes matter to the simulation; an
+/// algorithm that read or wrote a byte itself would fault at once (it must not: scripts/check-layers).
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include "chorus/core/error.hpp"
+#include "chorus/core/types.hpp"
+#include "chorus/exec/executor.hpp"
+#include "chorus/sim/engine.hpp"
+
+namespace chorus::sim {
+
+/// Address space for the simulated buffers: kAreas areas of `area` bytes each, reserved, never
+/// backed (PROT_NONE, MAP_NORESERVE): in, out, slots, work, stage. Shared by every rank.
+class Arena {
+ public:
+  enum Area { in = 0, out, slots, work, stage, kAreas };
+
+  explicit Arena(std::size_t area = std::size_t(64) << 30) : area_(area) {
+    base_ = ::mmap(nullptr, area_ * kAreas, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base_ == MAP_FAILED)
+      throw Error(ErrorCode::system, "sim: reserving " + std::to_string(area_ * kAreas) +
+                                         " bytes of address space failed: " + std::strerror(errno));
+  }
+  ~Arena() { ::munmap(base_, area_ * kAreas); }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  /// The start of area `a`, for `n` bytes (throws when n does not fit).
+  std::byte* at(Area a, std::size_t n) const {
+    if (n > area_)
+      throw Error(ErrorCode::invalid_argument,
+                  "sim: " + std::to_string(n) + " bytes exceed the arena's area of " + std::to_string(area_));
+    return static_cast<std::byte*>(base_) + area_ * static_cast<std::size_t>(a);
+  }
+
+ private:
+  std::size_t area_;
+  void* base_;
+};
+
+class Executor final : public exec::Executor {
+ public:
+  Executor(Engine& e, int rank, const Arena& arena) : exec::Executor(MemoryKind::host), e_(e), rank_(rank), arena_(arena) {}
+
+  void copy(std::byte* dst, const std::byte* src, std::size_t n) override {
+    if (dst != src) e_.charge(rank_, static_cast<double>(n) / e_.model().copy_rate);
+  }
+  void reduce(ReduceOp, DataType dt, std::byte*, const std::byte*, const std::byte*, std::size_t count) override {
+    e_.charge(rank_, static_cast<double>(count * size_of(dt)) / e_.model().reduce_rate);
+  }
+  void reduce_many(ReduceOp, DataType dt, std::byte*, const std::byte* const*, int n, std::size_t count) override {
+    if (n < 2 || n > chorus::kMaxReduceInputs)
+      throw Error(ErrorCode::invalid_argument, "sim: reduce_many of " + std::to_string(n) + " inputs");
+    e_.charge(rank_, static_cast<double>(n - 1) * static_cast<double>(count * size_of(dt)) / e_.model().reduce_rate);
+  }
+  void finalize_avg(DataType dt, std::byte*, std::size_t count, int) override {
+    e_.charge(rank_, static_cast<double>(count * size_of(dt)) / e_.model().reduce_rate);
+  }
+  std::byte* slots(std::size_t n) override { return arena_.at(Arena::slots, n); }
+  std::byte* work(std::size_t n) override { return arena_.at(Arena::work, n); }
+  std::byte* stage(std::size_t n) override { return arena_.at(Arena::stage, n); }
+  void download(std::byte*, const std::byte*, std::size_t n) override {
+    e_.charge(rank_, static_cast<double>(n) / e_.model().copy_rate);
+  }
+  void upload(std::byte*, const std::byte*, std::size_t n) override {
+    e_.charge(rank_, static_cast<double>(n) / e_.model().copy_rate);
+  }
+  void end_call() override {}
+  std::size_t bytes() const override { return 0; }
+
+ private:
+  Engine& e_;
+  int rank_;
+  const Arena& arena_;
+};
+
+}  // namespace chorus::sim

@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+/// The simulator's network model (docs/performance.md, "Simulated at scale"): what a message
+/// costs between two virtual ranks, in virtual seconds. Parameters come from a JSON preset
+/// (bench/sim/presets/, parsed by bench/sim/common/preset.hpp); this header holds no parser.
+///
+/// Link classes
+/// * inside a host (`intra`: shm, or a GPU interconnect): every rank has a port, a tx side and
+///   an rx side, each a FIFO server of `intra.bandwidth` bytes/s;
+/// * between hosts (`inter`): a NIC per host shared by the host's ranks, or one per rank (a rail:
+///   `nic_per_rank`), full duplex: a tx queue and an rx queue, each a FIFO server of
+///   `inter.bandwidth`.
+/// A message of S bytes over a link of latency l and bandwidth B, cut-through:
+///   tx start  = max(ready, tx free)                        tx free = tx end = tx start + S/B
+///   rx start  = max(tx start + l, rx free)
+///   delivered = max(rx start + S/B, tx end + l)           rx free = delivered
+/// where `ready` is when the sender posted it plus its per-message CPU overhead (charged to the
+/// sender's clock). The receiver's overhead is charged to its clock when it waits for the receive.
+///
+/// Eager and rendezvous: a message of at most `eager_bytes` leaves at once; a larger one sends a
+/// request-to-send (one latency), the receiver answers once its receive is posted (one latency
+/// back), and only then does the data enter the tx queue, as the tcp and shm links do.
+///
+/// Compute: the executor's reductions cost bytes / `reduce_rate` of the rank's time, copies
+/// bytes / `copy_rate` (sim/executor.hpp).
+
+#include <cstddef>
+#include <string>
+
+#include "chorus/core/cost_model.hpp"
+#include "chorus/core/error.hpp"
+
+namespace chorus::sim {
+
+/// One class of link (inside a host or between hosts).
+struct LinkClass {
+  double latency = 1e-6;              ///< seconds, one way
+  double bandwidth = 1e9;             ///< bytes/s of a port (intra) or a NIC (inter), each direction
+  double overhead = 0;                ///< seconds of CPU per message, on the sender and on the receiver
+  std::size_t eager_bytes = 64 << 10; ///< larger messages wait for a clear-to-send
+  std::size_t slice_bytes = 256 << 10;///< the pipeline slice the cost model plans with (TransportModel::slice)
+};
+
+struct NetworkModel {
+  std::string name;
+  std::string source;  ///< where the figures come from
+  LinkClass intra;
+  LinkClass inter;
+  bool nic_per_rank = false;  ///< a NIC per rank (rails) instead of one per host
+  double reduce_rate = 10e9;  ///< bytes of buffer reduced per second
+  double copy_rate = 10e9;    ///< bytes copied per second
+
+  /// Throws invalid_argument naming the first parameter that is not usable.
+  void check() const {
+    auto bad = [&](const char* what) {
+      throw Error(ErrorCode::invalid_argument, "network model '" + name + "': " + what);
+    };
+    for (const LinkClass* c : {&intra, &inter}) {
+      const char* k = c == &intra ? "intra" : "inter";
+      if (!(c->latency >= 0)) bad((std::string(k) + ".latency must be >= 0 seconds").c_str());
+      if (!(c->bandwidth > 0)) bad((std::string(k) + ".bandwidth must be > 0 bytes/s").c_str());
+      if (!(c->overhead >= 0)) bad((std::string(k) + ".overhead must be >= 0 seconds").c_str());
+      if (c->slice_bytes == 0) bad((std::string(k) + ".slice_bytes must be > 0").c_str());
+    }
+    if (!(reduce_rate > 0)) bad("reduce_rate must be > 0 bytes/s");
+    if (!(copy_rate > 0)) bad("copy_rate must be > 0 bytes/s");
+  }
+
+  /// The cost model's view (algo/select.hpp): latency per message (the link's and both ends'
+  /// overheads), seconds per byte, the slice.
+  TransportModel intra_model() const {
+    return {intra.latency + 2 * intra.overhead, 1.0 / intra.bandwidth, intra.slice_bytes};
+  }
+  /// Between hosts, beta is the host's network link as a whole (what algo/plan.hpp takes from
+  /// CHORUS_NET_BANDWIDTH): one NIC, or `local` of them with a NIC per rank.
+  TransportModel inter_model(int local) const {
+    const double host_bw = inter.bandwidth * (nic_per_rank ? local : 1);
+    return {inter.latency + 2 * inter.overhead, 1.0 / host_bw, inter.slice_bytes};
+  }
+};
+
+/// A FIFO server of a bandwidth (one direction of a port or NIC): when it is free again.
+struct Server {
+  double free = 0;
+};
+
+}  // namespace chorus::sim
