@@ -19,7 +19,7 @@
 /// has left the tx queue; a receive when its data is delivered.
 ///
 /// Lean by design (4,096 ranks x thousands of messages each): events are plain structs in a
-/// binary heap (no std::function), messages come from a free list, an operation's request is
+/// 4-ary heap (no std::function), messages come from a free list, an operation's request is
 /// allocated from a pool and eager sends share one completed request.
 
 #include <algorithm>
@@ -133,17 +133,15 @@ class Engine {
       }
       runnable_.clear();
       head_ = 0;
-      if (error_ || events_.empty()) break;
-      std::pop_heap(events_.begin(), events_.end(), Later{});
-      const Event e = events_.back();
-      events_.pop_back();
+      if (error_ || queue_.empty()) break;
+      const Event e = queue_.pop();
       now_ = e.t;
       fire(e);
     }
     if (!error_ && finished_ != n) error_ = std::make_exception_ptr(deadlock());
     // Fibers still suspended unwind when destroyed (a rank that failed leaves the others waiting).
     for (Rank& k : ranks_) k.self = {};
-    events_.clear();
+    queue_.clear();
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
@@ -182,7 +180,13 @@ class Engine {
       r = Request(done_send_);
     }
     if (m->has_recv) check_sizes(*m);
-    schedule(k.clock, Ev::ready, m);
+    // An eager message on a tx queue of the sender's own (its shm port, or its NIC with a NIC per
+    // rank) enters it now: only this rank posts there, in the order of its clock. A shared NIC
+    // takes messages in the order of their ready times, an event.
+    if (!m->rendezvous && (same_host(me, peer) || m_.nic_per_rank))
+      start_data(m, k.clock);
+    else
+      schedule(k.clock, Ev::ready, m);
     return r;
   }
 
@@ -230,13 +234,81 @@ class Engine {
 
   struct Event {
     double t;
-    std::uint64_t seq;
     Msg* msg;
     int rank;
     Ev kind;
   };
-  struct Later {
-    bool operator()(const Event& a, const Event& b) const { return a.t != b.t ? a.t > b.t : a.seq > b.seq; }
+
+  /// The events, earliest first by (time, sequence number): a 4-ary heap of 16-byte keys (the
+  /// time, and the sequence number above the index of the event's payload), the payloads apart.
+  /// Sift-downs compare keys only, which keeps the heap's walk in few cache lines.
+  class Queue {
+   public:
+    static constexpr int kSlotBits = 24;
+    bool empty() const { return heap_.empty(); }
+    void clear() {
+      heap_.clear();
+      slots_.clear();
+      free_.clear();
+      seq_ = 0;
+    }
+    void push(const Event& e) {
+      std::uint32_t slot;
+      if (!free_.empty()) {
+        slot = free_.back();
+        free_.pop_back();
+        slots_[slot] = e;
+      } else {
+        slot = static_cast<std::uint32_t>(slots_.size());
+        if (slot >> kSlotBits) throw Error(ErrorCode::system, "sim: more than 2^24 events pending at once");
+        slots_.push_back(e);
+      }
+      Key k{e.t, (seq_++ << kSlotBits) | slot};
+      std::size_t i = heap_.size();
+      heap_.push_back(k);
+      while (i > 0) {
+        const std::size_t parent = (i - 1) / 4;
+        if (!less(k, heap_[parent])) break;
+        heap_[i] = heap_[parent];
+        i = parent;
+      }
+      heap_[i] = k;
+    }
+    Event pop() {
+      const Key top = heap_[0];
+      const Key last = heap_.back();
+      heap_.pop_back();
+      const std::size_t n = heap_.size();
+      if (n > 0) {
+        std::size_t i = 0;
+        for (;;) {
+          const std::size_t c = 4 * i + 1;
+          if (c >= n) break;
+          std::size_t m = c;
+          const std::size_t end = std::min(c + 4, n);
+          for (std::size_t j = c + 1; j < end; ++j)
+            if (less(heap_[j], heap_[m])) m = j;
+          if (!less(heap_[m], last)) break;
+          heap_[i] = heap_[m];
+          i = m;
+        }
+        heap_[i] = last;
+      }
+      const auto slot = static_cast<std::uint32_t>(top.seq_slot & ((1u << kSlotBits) - 1));
+      free_.push_back(slot);
+      return slots_[slot];
+    }
+
+   private:
+    struct Key {
+      double t;
+      std::uint64_t seq_slot;
+    };
+    static bool less(const Key& a, const Key& b) { return a.t < b.t || (a.t == b.t && a.seq_slot < b.seq_slot); }
+    std::vector<Key> heap_;
+    std::vector<Event> slots_;
+    std::vector<std::uint32_t> free_;
+    std::uint64_t seq_ = 0;
   };
 
   struct Rank {
@@ -314,7 +386,7 @@ class Engine {
   void reset() {
     now_ = 0;
     fired_ = messages_ = 0;
-    seq_ = 0;
+    queue_.clear();
     finished_ = 0;
     current_ = -1;
     for (Rank& k : ranks_) k.clock = 0, k.waiting = nullptr, k.finished = false;
@@ -373,10 +445,7 @@ class Engine {
     free_msgs_.push_back(m);
   }
 
-  void schedule(double t, Ev kind, Msg* m, int rank = -1) {
-    events_.push_back(Event{t, seq_++, m, rank, kind});
-    std::push_heap(events_.begin(), events_.end(), Later{});
-  }
+  void schedule(double t, Ev kind, Msg* m, int rank = -1) { queue_.push(Event{t, m, rank, kind}); }
 
   Server& tx(int src, int dst) {
     if (same_host(src, dst)) return intra_tx_[static_cast<std::size_t>(src)];
@@ -388,14 +457,17 @@ class Engine {
   }
 
   /// The data enters the sender's tx queue now.
-  void start_data(Msg* m) {
+  void start_data(Msg* m, double ready) {
     const LinkClass& c = link(m->src, m->dst);
     Server& s = tx(m->src, m->dst);
-    m->tx_start = std::max(now_, s.free);
+    m->tx_start = std::max(ready, s.free);
     m->tx_end = m->tx_start + static_cast<double>(m->bytes) / c.bandwidth;
     s.free = m->tx_end;
     if (m->rendezvous) complete(*m->send, m->tx_end);
-    schedule(m->tx_start + c.latency, Ev::arrive, m);
+    // Delivered at once if the receiver's rx queue is free on arrival; the arrive event checks
+    // that (one event per message where nothing contends, two where the rx queue was busy).
+    schedule(std::max(m->tx_start + c.latency + static_cast<double>(m->bytes) / c.bandwidth, m->tx_end + c.latency),
+             Ev::arrive, m);
   }
 
   void fire(const Event& e) {
@@ -406,30 +478,39 @@ class Engine {
         if (m->rendezvous)
           schedule(now_ + link(m->src, m->dst).latency, Ev::rts, m);
         else
-          start_data(m);
+          start_data(m, now_);
         return;
       case Ev::rts:
         m->header = true;
         if (m->has_recv) schedule(std::max(now_, m->posted_at) + link(m->src, m->dst).latency, Ev::cts, m);
         return;
-      case Ev::cts: start_data(m); return;
-      case Ev::arrive: {
-        const LinkClass& c = link(m->src, m->dst);
-        Server& s = rx(m->src, m->dst);
-        const double start = std::max(now_, s.free);
-        const double delivered = std::max(start + static_cast<double>(m->bytes) / c.bandwidth, m->tx_end + c.latency);
-        s.free = delivered;
-        schedule(delivered, Ev::deliver, m);
+      case Ev::cts: start_data(m, now_); return;
+      case Ev::arrive:
+        if (arrive(m)) deliver(m);
         return;
-      }
-      case Ev::deliver:
-        m->delivered_at = now_;
-        if (m->rendezvous) return finish_recv(m, now_);
-        m->header = true;
-        if (m->has_recv) finish_recv(m, now_);
-        return;
+      case Ev::deliver: deliver(m); return;
       case Ev::wake: runnable_.push_back(e.rank); return;
     }
+  }
+
+  /// now: the delivery had the receiver's rx queue been free. The queue serves messages in the
+  /// order of these times (their arrival order, where sizes are equal). True when delivered now.
+  bool arrive(Msg* m) {
+    const LinkClass& c = link(m->src, m->dst);
+    Server& s = rx(m->src, m->dst);
+    const double start = std::max(m->tx_start + c.latency, s.free);
+    const double delivered = std::max(start + static_cast<double>(m->bytes) / c.bandwidth, m->tx_end + c.latency);
+    s.free = delivered;
+    if (delivered <= now_) return true;
+    schedule(delivered, Ev::deliver, m);
+    return false;
+  }
+
+  void deliver(Msg* m) {
+    m->delivered_at = now_;
+    if (m->rendezvous) return finish_recv(m, now_);
+    m->header = true;
+    if (m->has_recv) finish_recv(m, now_);
   }
 
   void finish_recv(Msg* m, double t) {
@@ -483,7 +564,7 @@ class Engine {
   std::vector<Rank> ranks_;
   std::vector<Server> intra_tx_, intra_rx_, nic_tx_, nic_rx_;
   std::vector<std::vector<Pair>> pairs_;  ///< per receiver
-  std::vector<Event> events_;             ///< a binary heap (Later)
+  Queue queue_;
   std::vector<int> runnable_;
   std::size_t head_ = 0;
   std::vector<Msg*> free_msgs_;
@@ -492,7 +573,7 @@ class Engine {
   std::shared_ptr<SimRequest> done_send_;
   std::shared_ptr<Poller> driver_;
   double now_ = 0;
-  std::uint64_t seq_ = 0, fired_ = 0, messages_ = 0;
+  std::uint64_t fired_ = 0, messages_ = 0;
   int finished_ = 0, current_ = -1;
   std::exception_ptr error_;
 };

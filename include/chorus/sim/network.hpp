@@ -15,7 +15,9 @@
 ///   rx start  = max(tx start + l, rx free)
 ///   delivered = max(rx start + S/B, tx end + l)           rx free = delivered
 /// where `ready` is when the sender posted it plus its per-message CPU overhead (charged to the
-/// sender's clock). The receiver's overhead is charged to its clock when it waits for the receive.
+/// sender's clock). An rx queue takes its messages in the order they would be delivered
+/// uncontended (max(tx start + l + S/B, tx end + l)): their arrival order where sizes are equal;
+/// this costs one event per message where nothing contends (sim/engine.hpp). The receiver's overhead is charged to its clock when it waits for the receive.
 ///
 /// Eager and rendezvous: a message of at most `eager_bytes` leaves at once; a larger one sends a
 /// request-to-send (one latency), the receiver answers once its receive is posted (one latency
