@@ -76,6 +76,12 @@ struct Policy {
   /// one): at 1 MiB the pieces of 4 streams are still 256 KiB, long enough that a piece costs
   /// what its bytes cost, not its system calls and wake-ups (docs/transports.md has the figures).
   static constexpr std::uint64_t kStripeBytes = 1u << 20;
+  /// The most one sendmsg takes of a message: a sendmsg of megabytes holds the socket for as long
+  /// as it copies, while the peer's data and acknowledgements on the same connection wait behind
+  /// it (sendrecv at 64 MiB between namespace hosts: docs/transports.md has the figures).
+  static constexpr std::size_t kWriteBytesPerCall = 256u << 10;
+  /// The most one recvmsg asks for (it takes what the socket buffer holds, up to this).
+  static constexpr std::size_t kReadBytesPerCall = 64u << 20;
 };
 
 namespace detail {

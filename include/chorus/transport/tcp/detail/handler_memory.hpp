@@ -100,6 +100,15 @@ struct BufferRange {
   const_iterator end() const { return last; }
 };
 
+/// The completion condition of the links' payload transfers: all of it, as Asio's transfer_all,
+/// but at most `max_per_call` bytes per system call instead of transfer_all's 64 KiB
+/// (default_max_transfer_size), which makes a 64 MiB message a thousand calls and reactor rounds.
+/// Writes take Policy::kWriteBytesPerCall at a time, reads what the socket buffer holds.
+struct TransferAll {
+  std::size_t max_per_call;
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const { return ec ? 0 : max_per_call; }
+};
+
 template <class F>
 MemoryHandler<std::decay_t<F>> bind_memory(HandlerMemory& m, F&& f) {
   return {std::forward<F>(f), &m};

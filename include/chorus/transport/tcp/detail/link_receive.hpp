@@ -180,7 +180,7 @@ inline void Link::read_payload(MutableBytes dst, F done, detail::ReqPtr into) {
     return;
   }
   reading_into_ = std::move(into);
-  asio::async_read(socket_, asio::buffer(dst.data + have, dst.size - have),
+  asio::async_read(socket_, asio::buffer(dst.data + have, dst.size - have), detail::TransferAll{Policy::kReadBytesPerCall},
                    detail::bind_memory(handlers_, [this, done = std::move(done)](const boost::system::error_code& ec,
                                                                                  std::size_t) mutable {
                      if (failed_) return;
@@ -234,7 +234,7 @@ inline void Link::read_stream(Stream& s) {
                                 std::to_string(h.id));
         const auto [off, len] = detail::stripe_piece(it->second.op.dst.size, s.index, streams());
         if (h.size != len) return protocol_error(piece_size_problem(h, s.index, len));
-        asio::async_read(s.socket, asio::buffer(it->second.op.dst.data + off, len),
+        asio::async_read(s.socket, asio::buffer(it->second.op.dst.data + off, len), detail::TransferAll{Policy::kReadBytesPerCall},
                          detail::bind_memory(s.handlers, [this, &s, id = h.id](const boost::system::error_code& ec2,
                                                                                 std::size_t) {
                            if (failed_) return;

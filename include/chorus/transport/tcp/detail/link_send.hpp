@@ -60,7 +60,7 @@ inline void Link::write_next() {
     if (f.payload.size > skip) batch_.push_back(asio::buffer(f.payload.data + skip, f.payload.size - skip));
     ++batch_frames_;
   }
-  asio::async_write(socket_, detail::BufferRange{batch_.data(), batch_.data() + batch_.size()}, detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t) {
+  asio::async_write(socket_, detail::BufferRange{batch_.data(), batch_.data() + batch_.size()}, detail::TransferAll{Policy::kWriteBytesPerCall}, detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t) {
     writing_ = false;
     if (failed_) return write_queue_.clear();
     if (ec) return fail(ErrorCode::peer_failure, "write to peer failed: " + ec.message());
@@ -87,7 +87,7 @@ inline void Link::write_next() {
 }
 
 inline std::size_t Link::send_now(const detail::FrameHeader& h, ConstBytes payload) {
-  iovec iov[2] = {{const_cast<detail::FrameHeader*>(&h), sizeof h}, {const_cast<std::byte*>(payload.data), payload.size}};
+  iovec iov[2] = {{const_cast<detail::FrameHeader*>(&h), sizeof h}, {const_cast<std::byte*>(payload.data), std::min(payload.size, Policy::kWriteBytesPerCall)}};
   msghdr m{};
   m.msg_iov = iov;
   m.msg_iovlen = payload.size != 0 ? 2 : 1;
@@ -132,7 +132,7 @@ inline void Link::write_stream(Stream& s) {
   const auto& f = s.queue.front();
   s.out = f.h;
   s.out_buffers = {asio::buffer(&s.out, sizeof s.out), asio::buffer(f.payload.data, f.payload.size)};
-  asio::async_write(s.socket, detail::BufferRange{s.out_buffers.data(), s.out_buffers.data() + s.out_buffers.size()},
+  asio::async_write(s.socket, detail::BufferRange{s.out_buffers.data(), s.out_buffers.data() + s.out_buffers.size()}, detail::TransferAll{Policy::kWriteBytesPerCall},
                     detail::bind_memory(s.handlers, [this, &s](const boost::system::error_code& ec, std::size_t) {
                       s.writing = false;
                       if (failed_) return s.queue.clear();
