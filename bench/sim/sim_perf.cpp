@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   CLI::App app{"sim_perf: chorus's algorithms over a simulated network"};
   std::string preset, collective = "all_reduce", algo = "all", dtype_name = "float32", json_path, min_s = "8", max_s = "1G";
   int hosts = 1, local = 1;
-  std::size_t factor = 4, stack_kib = 128;
+  std::size_t factor = 4, stack_kib = 32;
   app.add_option("--preset", preset, "network model (JSON, bench/sim/presets/)")->required();
   app.add_option("--hosts", hosts, "hosts")->check(CLI::PositiveNumber);
   app.add_option("--ranks-per-host", local, "ranks per host")->check(CLI::PositiveNumber);
@@ -162,7 +162,8 @@ int main(int argc, char** argv) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     if (worst_size >= 0)
       std::printf("# worst pick/best: %.3f at %s bytes\n", worst, out["choices"][static_cast<std::size_t>(worst_size)]["size"].dump().c_str());
-    std::printf("# wall time %.2f s, peak RSS %.1f MiB\n", wall, static_cast<double>(ru.ru_maxrss) / 1024.0);
+    std::printf("# wall time %.2f s, peak RSS %.1f MiB, deepest fiber stack %zu of %zu KiB\n", wall,
+                static_cast<double>(ru.ru_maxrss) / 1024.0, engine.stack_high_water() >> 10, stack_kib);
     out["wall_s"] = wall;
     out["peak_rss_kib"] = ru.ru_maxrss;
     if (!json_path.empty()) {

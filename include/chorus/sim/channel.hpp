@@ -59,7 +59,6 @@ class Channel {
     if (!q) return;
     e_.wait(rank_, *q);
     if (op.recv) e_.charge(rank_, e_.link(op.peer, rank_).overhead);
-    op.req.test();  // a failed operation throws its error
   }
   void wait_all(std::span<Op> ops) {
     for (auto& o : ops) wait(o);

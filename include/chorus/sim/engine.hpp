@@ -24,7 +24,7 @@
 
 #include <algorithm>
 #include <boost/context/fiber.hpp>
-#include <boost/context/fixedsize_stack.hpp>
+#include <boost/context/stack_context.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +33,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
+#include <cstring>
 
 #include "chorus/algo/group.hpp"
 #include "chorus/core/error.hpp"
@@ -69,10 +72,67 @@ struct Layout {
   int host_of(int r) const { return r / ranks_per_host; }
 };
 
+/// The fibers' stacks: one mapping of N stacks back to back, with transparent huge pages where
+/// the kernel gives them, so that switching among thousands of ranks does not miss the TLB on
+/// every switch. No guard pages (they would split the huge pages): after each run the engine
+/// measures how deep each stack went (the mapping starts zeroed) and fails the run when one came
+/// within kMargin of its end.
+class Stacks {
+ public:
+  static constexpr std::size_t kMargin = 4096;
+
+  Stacks(int n, std::size_t bytes) : n_(static_cast<std::size_t>(n)), bytes_((bytes + 4095) / 4096 * 4096) {
+    base_ = static_cast<std::byte*>(::mmap(nullptr, n_ * bytes_, PROT_READ | PROT_WRITE,
+                                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    if (base_ == MAP_FAILED)
+      throw Error(ErrorCode::system, "sim: mapping " + std::to_string(n_) + " fiber stacks of " + std::to_string(bytes_) +
+                                         " bytes failed: " + std::strerror(errno));
+#ifdef MADV_HUGEPAGE
+    (void)::madvise(base_, n_ * bytes_, MADV_HUGEPAGE);
+#endif
+  }
+  ~Stacks() { ::munmap(base_, n_ * bytes_); }
+  Stacks(const Stacks&) = delete;
+  Stacks& operator=(const Stacks&) = delete;
+
+  /// A stack allocator (boost::context's StackAllocator) handing out stack r.
+  struct Slot {
+    std::byte* low;
+    std::size_t size;
+    boost::context::stack_context allocate() {
+      boost::context::stack_context sc;
+      sc.size = size;
+      sc.sp = low + size;
+      return sc;
+    }
+    void deallocate(boost::context::stack_context&) noexcept {}
+  };
+  Slot stack(int r) { return Slot{base_ + static_cast<std::size_t>(r) * bytes_, bytes_}; }
+
+  /// The deepest any stack has gone, in bytes (the lowest byte written, from the top).
+  std::size_t high_water() const {
+    std::size_t deepest = 0;
+    for (std::size_t r = 0; r < n_; ++r) {
+      const auto* low = reinterpret_cast<const std::uint64_t*>(base_ + r * bytes_);
+      std::size_t i = 0;
+      const std::size_t words = bytes_ / 8;
+      while (i < words && low[i] == 0) ++i;
+      deepest = std::max(deepest, (words - i) * 8);
+    }
+    return deepest;
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::size_t n_, bytes_;
+  std::byte* base_;
+};
+
 class Engine {
  public:
-  Engine(const NetworkModel& model, Layout layout, std::size_t stack_bytes = 128 << 10)
-      : m_(model), layout_(layout), stack_bytes_(stack_bytes) {
+  /// `stack_bytes`: each virtual rank's fiber stack (the algorithms went about 4 KiB deep at 64 ranks).
+  Engine(const NetworkModel& model, Layout layout, std::size_t stack_bytes = 32 << 10)
+      : m_(model), layout_(layout), stacks_(std::max(layout.ranks(), 1), stack_bytes) {
     m_.check();
     if (layout.hosts < 1 || layout.ranks_per_host < 1)
       throw Error(ErrorCode::invalid_argument, "sim: a layout needs at least one host of one rank");
@@ -106,7 +166,7 @@ class Engine {
     const int n = size();
     for (int r = 0; r < n; ++r) {
       Rank& k = ranks_[static_cast<std::size_t>(r)];
-      k.self = ctx::fiber(std::allocator_arg, ctx::fixedsize_stack(stack_bytes_), [this, r, &body](ctx::fiber&& back) {
+      k.self = ctx::fiber(std::allocator_arg, stacks_.stack(r), [this, r, &body](ctx::fiber&& back) {
         Rank& me = ranks_[static_cast<std::size_t>(r)];
         me.back = std::move(back);
         try {
@@ -139,6 +199,11 @@ class Engine {
       fire(e);
     }
     if (!error_ && finished_ != n) error_ = std::make_exception_ptr(deadlock());
+    high_water_ = stacks_.high_water();
+    if (!error_ && high_water_ + Stacks::kMargin > stacks_.bytes())
+      error_ = std::make_exception_ptr(Error(ErrorCode::system, "sim: a rank's fiber stack went " + std::to_string(high_water_) +
+                                                                   " bytes deep, within 4 KiB of its " +
+                                                                   std::to_string(stacks_.bytes()) + " (give more)"));
     // Fibers still suspended unwind when destroyed (a rank that failed leaves the others waiting).
     for (Rank& k : ranks_) k.self = {};
     queue_.clear();
@@ -152,6 +217,8 @@ class Engine {
   bool finished(int r) const { return ranks_[static_cast<std::size_t>(r)].finished; }
   /// Events fired and messages sent in the last run.
   std::uint64_t events() const { return fired_; }
+  /// The deepest a fiber stack has gone so far (bytes).
+  std::size_t stack_high_water() const { return high_water_; }
   std::uint64_t messages() const { return messages_; }
 
   // ---- what sim::Channel calls, on the fiber of rank `me` ----------------------------------------
@@ -560,7 +627,7 @@ class Engine {
 
   NetworkModel m_;
   Layout layout_;
-  std::size_t stack_bytes_;
+  Stacks stacks_;
   std::vector<Rank> ranks_;
   std::vector<Server> intra_tx_, intra_rx_, nic_tx_, nic_rx_;
   std::vector<std::vector<Pair>> pairs_;  ///< per receiver
@@ -575,6 +642,7 @@ class Engine {
   double now_ = 0;
   std::uint64_t fired_ = 0, messages_ = 0;
   int finished_ = 0, current_ = -1;
+  std::size_t high_water_ = 0;
   std::exception_ptr error_;
 };
 
