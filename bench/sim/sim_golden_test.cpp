@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 /// sim.golden_64: the simulator at 64 virtual ranks (8 hosts x 8) over a fixed preset
-/// (namespace-hosts-1gbit.json, given as the first argument). The simulation is deterministic
+/// (testdata/golden-64.json, a frozen copy of presets/namespace-hosts-1gbit.json, given as the
+/// first argument). The simulation is deterministic
 /// (sim/engine.hpp: events ordered by time and sequence number, nothing read from the host's
 /// clock), so each fixed case must give its golden simulated time within 1%; a change to the
 /// engine, the network model, the preset or an algorithm that moves one fails here. Also: every

@@ -313,6 +313,7 @@ class Engine {
    public:
     static constexpr int kSlotBits = 24;
     bool empty() const { return heap_.empty(); }
+    double top_time() const { return heap_.front().t; }
     void clear() {
       heap_.clear();
       slots_.clear();
@@ -601,7 +602,8 @@ class Engine {
   void catch_up() {
     if (current_ < 0) return;
     Rank& k = ranks_[static_cast<std::size_t>(current_)];
-    if (k.clock <= now_) return;
+    // Nothing fires before its clock: what it polls cannot change by waiting.
+    if (k.clock <= now_ || queue_.empty() || queue_.top_time() >= k.clock) return;
     schedule(k.clock, Ev::wake, nullptr, current_);
     suspend(k);
   }
