@@ -7,7 +7,13 @@
 ///     "intra": { "latency_us": 1.5, "bandwidth_GBps": 5, "overhead_us": 0.5,
 ///                "eager_bytes": 32768, "slice_bytes": 262144 },
 ///     "inter": { ... the same keys, bandwidth per NIC ... },
-///     "nic_per_rank": false, "reduce_GBps": 10, "copy_GBps": 10 }
+///     "nic_per_rank": false, "reduce_GBps": 10, "copy_GBps": 10,
+///     "cache_bytes": 33554432, "cached_speedup": 2, "cached_intra_speedup": 1.5, "cores": 2,
+///     "hosts_share_cores": false,
+///     "wake_us": 5 }
+///
+/// The last six (the host: sim/network.hpp) are optional; left out, a call has no cache tier and
+/// every rank its own core.
 ///
 /// GBps is 1e9 bytes/s; "bandwidth_Gbitps" may stand for "bandwidth_GBps" (1e9 bits/s).
 
@@ -41,7 +47,8 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
     if (!o.at(key).is_number()) bad("'" + where + key + "' is not a number");
     return o.at(key).get<double>();
   };
-  known(j, {"name", "source", "notes", "intra", "inter", "nic_per_rank", "reduce_GBps", "copy_GBps"}, "");
+  known(j, {"name", "source", "notes", "intra", "inter", "nic_per_rank", "reduce_GBps", "copy_GBps",
+             "cache_bytes", "cached_speedup", "cached_intra_speedup", "cores", "hosts_share_cores", "wake_us"}, "");
   chorus::sim::NetworkModel m;
   m.name = j.value("name", path);
   m.source = j.value("source", "");
@@ -66,6 +73,13 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
   m.nic_per_rank = j.value("nic_per_rank", false);
   m.reduce_rate = number(j, "reduce_GBps", "") * 1e9;
   m.copy_rate = number(j, "copy_GBps", "") * 1e9;
+  auto optional = [&](const char* key, double dflt) { return j.contains(key) ? number(j, key, "") : dflt; };
+  m.cache_bytes = static_cast<std::size_t>(optional("cache_bytes", 0));
+  m.cached_speedup = optional("cached_speedup", 1);
+  m.cached_intra_speedup = optional("cached_intra_speedup", 1);
+  m.cores = optional("cores", 0);
+  m.hosts_share_cores = j.value("hosts_share_cores", false);
+  m.wake = optional("wake_us", 0) * 1e-6;
   m.check();
   return m;
 }

@@ -132,7 +132,7 @@ class Engine {
  public:
   /// `stack_bytes`: each virtual rank's fiber stack (the algorithms went about 4 KiB deep at 64 ranks).
   Engine(const NetworkModel& model, Layout layout, std::size_t stack_bytes = 32 << 10)
-      : m_(model), layout_(layout), stacks_(std::max(layout.ranks(), 1), stack_bytes) {
+      : m_(model.effective(layout.hosts, layout.ranks_per_host, 0)), base_(model), layout_(layout), stacks_(std::max(layout.ranks(), 1), stack_bytes) {
     m_.check();
     if (layout.hosts < 1 || layout.ranks_per_host < 1)
       throw Error(ErrorCode::invalid_argument, "sim: a layout needs at least one host of one rank");
@@ -153,7 +153,13 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  /// The model as the current call sees it (NetworkModel::effective; the preset's is base_model()).
   const NetworkModel& model() const { return m_; }
+  const NetworkModel& base_model() const { return base_; }
+  /// Sets the memory tier and CPU sharing for a call of `bytes` per rank (sim::Executor does).
+  void set_call_bytes(std::size_t bytes) {
+    if (bytes != call_bytes_) m_ = base_.effective(layout_.hosts, layout_.ranks_per_host, call_bytes_ = bytes);
+  }
   const Layout& layout() const { return layout_; }
   int size() const { return layout_.ranks(); }
 
@@ -627,7 +633,8 @@ class Engine {
                                          " ranks have not finished" + s);
   }
 
-  NetworkModel m_;
+  NetworkModel m_, base_;
+  std::size_t call_bytes_ = 0;
   Layout layout_;
   Stacks stacks_;
   std::vector<Rank> ranks_;

@@ -8,6 +8,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -41,17 +42,26 @@ class Arena {
     if (n > area_)
       throw Error(ErrorCode::invalid_argument,
                   "sim: " + std::to_string(n) + " bytes exceed the arena's area of " + std::to_string(area_));
+    handed_[a] = n;
+    if (a == in) handed_[out] = 0;  // a call asks for its input first (sim/collective.hpp)
     return static_cast<std::byte*>(base_) + area_ * static_cast<std::size_t>(a);
   }
+  /// The size of the last `at(a, n)`: n.
+  std::size_t handed(Area a) const { return handed_[a]; }
 
  private:
   std::size_t area_;
   void* base_;
+  mutable std::size_t handed_[kAreas] = {};
 };
 
 class Executor final : public exec::Executor {
  public:
-  Executor(Engine& e, int rank, const Arena& arena) : exec::Executor(MemoryKind::host), e_(e), rank_(rank), arena_(arena) {}
+  /// The call's working set (its input and output per rank, as the arena handed them out) sets
+  /// the engine's memory tier for the call (NetworkModel::effective).
+  Executor(Engine& e, int rank, const Arena& arena) : exec::Executor(MemoryKind::host), e_(e), rank_(rank), arena_(arena) {
+    e_.set_call_bytes(std::max(arena_.handed(Arena::in), arena_.handed(Arena::out)));
+  }
 
   void copy(std::byte* dst, const std::byte* src, std::size_t n) override {
     if (dst != src) e_.charge(rank_, static_cast<double>(n) / e_.model().copy_rate);

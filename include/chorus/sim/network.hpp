@@ -25,6 +25,17 @@
 ///
 /// Compute: the executor's reductions cost bytes / `reduce_rate` of the rank's time, copies
 /// bytes / `copy_rate` (sim/executor.hpp).
+///
+/// The host (NetworkModel::effective, applied per call by the engine; every default leaves the
+/// figures above as they are):
+/// * a memory tier: where a call's working set (its bytes per rank times the ranks that share
+///   the memory) fits `cache_bytes`, copies and reductions run `cached_speedup` times faster
+///   than their rates above, which are then the memory's, and intra-host transfers
+///   `cached_intra_speedup` times faster;
+/// * CPU sharing: with more ranks than `cores` (per host, or on the whole machine where
+///   `hosts_share_cores`: namespace hosts on one machine), the ranks' CPU work (per-message
+///   overheads, copies, reductions) is slowed by ranks / cores, and every message waits
+///   `wake` more for its receiver to get a core.
 
 #include <cstddef>
 #include <string>
@@ -51,6 +62,12 @@ struct NetworkModel {
   bool nic_per_rank = false;  ///< a NIC per rank (rails) instead of one per host
   double reduce_rate = 10e9;  ///< bytes of buffer reduced per second
   double copy_rate = 10e9;    ///< bytes copied per second
+  std::size_t cache_bytes = 0;   ///< a call whose working set fits runs at the cached rates (0: none)
+  double cached_speedup = 1;     ///< cached rate / memory rate of copies and reductions
+  double cached_intra_speedup = 1;  ///< the same of intra-host transfers
+  double cores = 0;              ///< cores per host (or per machine, hosts_share_cores); 0: one per rank
+  bool hosts_share_cores = false;///< every host's ranks share the same `cores` (and the same cache)
+  double wake = 0;               ///< seconds a message waits for its receiver's core, with more ranks than cores
 
   /// Throws invalid_argument naming the first parameter that is not usable.
   void check() const {
@@ -66,6 +83,31 @@ struct NetworkModel {
     }
     if (!(reduce_rate > 0)) bad("reduce_rate must be > 0 bytes/s");
     if (!(copy_rate > 0)) bad("copy_rate must be > 0 bytes/s");
+    if (!(cached_speedup > 0) || !(cached_intra_speedup > 0)) bad("cached speedups must be > 0");
+    if (!(cores >= 0)) bad("cores must be >= 0 (0: a core per rank)");
+    if (!(wake >= 0)) bad("wake must be >= 0 seconds");
+  }
+
+  /// The model as a call of `call_bytes` per rank sees it, on `hosts` hosts of `local` ranks:
+  /// the memory tier and the CPU sharing above folded into the rates, overheads and latencies.
+  NetworkModel effective(int hosts, int local, std::size_t call_bytes) const {
+    NetworkModel m = *this;
+    const double sharing = static_cast<double>(hosts_share_cores ? hosts * local : local);
+    if (cache_bytes > 0 && static_cast<double>(call_bytes) * sharing <= static_cast<double>(cache_bytes)) {
+      m.intra.bandwidth *= cached_intra_speedup;
+      m.copy_rate *= cached_speedup;
+      m.reduce_rate *= cached_speedup;
+    }
+    if (cores > 0 && sharing > cores) {
+      const double slow = sharing / cores;
+      for (LinkClass* c : {&m.intra, &m.inter}) {
+        c->overhead *= slow;
+        c->latency += wake;
+      }
+      m.copy_rate /= slow;
+      m.reduce_rate /= slow;
+    }
+    return m;
   }
 
   /// The cost model's view (algo/select.hpp): latency per message (the link's and both ends'
