@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: BSD-3-Clause
+/// sim.host: the host in the network model (sim/network.hpp, NetworkModel::effective): the memory
+/// tier and CPU sharing change simulated times as they say, and leave them alone where they do
+/// not apply. Reads this machine's presets (the directory is the first argument), which use them.
+/// Exit status 0 when every check passes, 1 otherwise (each failure printed).
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "chorus/sim/collective.hpp"
+#include "sim/common/preset.hpp"
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+  if (!ok) ++failures;
+}
+
+namespace sim = chorus::sim;
+
+/// Ring all_reduce of `bytes` (float32) on one host of `local` ranks: simulated microseconds.
+double ring_us(const sim::NetworkModel& m, int local, std::size_t bytes) {
+  const sim::Layout layout{1, local};
+  sim::Engine engine(m, layout);
+  sim::Arena arena(std::size_t(1) << 30);
+  const auto kind = chorus::algo::CollectiveKind::all_reduce;
+  const sim::Call call{kind, chorus::DataType::float32, chorus::ReduceOp::sum, bytes / 4, 0};
+  const auto in = sim::plan_inputs(m, layout);
+  return sim::simulate(engine, arena, call, sim::choice_for({chorus::algo::Algorithm::ring}, kind, bytes, in)).seconds * 1e6;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: sim_host_test PRESETS_DIR\n");
+    return 2;
+  }
+  try {
+    for (const char* p : {"this-machine-shm", "this-machine-tcp", "namespace-hosts-1gbit"}) {
+      const sim::NetworkModel m = chorus::bench::sim::load_preset(std::string(argv[1]) + "/" + p + ".json");
+      check(m.cache_bytes > 0, std::string(p) + ": loads, with a cache tier of " + std::to_string(m.cache_bytes) + " bytes");
+    }
+    sim::NetworkModel plain;
+    plain.name = "plain";
+    plain.intra = {2e-6, 5e9, 0.5e-6, 32 << 10, 256 << 10};
+    plain.reduce_rate = plain.copy_rate = 5e9;
+
+    // Memory tier: 4 ranks x 1 MiB fits 4 MiB and runs faster; it does not fit 2 MiB.
+    sim::NetworkModel tier = plain;
+    tier.cache_bytes = 4 << 20;
+    tier.cached_speedup = tier.cached_intra_speedup = 4;
+    const double base_1m = ring_us(plain, 4, 1 << 20), fits = ring_us(tier, 4, 1 << 20);
+    tier.cache_bytes = 2 << 20;
+    const double spills = ring_us(tier, 4, 1 << 20);
+    check(fits < 0.5 * base_1m, "1 MiB x 4 ranks in a 4 MiB cache: " + std::to_string(fits) + " us < half of " +
+                                    std::to_string(base_1m) + " us without the tier");
+    check(std::fabs(spills - base_1m) <= 1e-9 * base_1m,
+          "1 MiB x 4 ranks, 2 MiB cache: " + std::to_string(spills) + " us, as without the tier");
+
+    // CPU sharing: 4 ranks on 2 cores; a ring of 4 has 6 steps in a row, each waiting `wake`.
+    sim::NetworkModel shared = plain;
+    shared.cores = 2;
+    shared.wake = 5e-6;
+    const double base_8 = ring_us(plain, 4, 8), slow_8 = ring_us(shared, 4, 8);
+    check(slow_8 >= base_8 + 6 * 5.0 - 1e-6, "8 B ring, 4 ranks on 2 cores: " + std::to_string(slow_8) + " us >= " +
+                                                  std::to_string(base_8) + " us + 6 x 5 us");
+    shared.cores = 4;
+    const double own_8 = ring_us(shared, 4, 8);
+    check(std::fabs(own_8 - base_8) <= 1e-9 * base_8, "8 B ring, 4 ranks on 4 cores: " + std::to_string(own_8) + " us, as " +
+                                                          std::to_string(base_8) + " us without cores");
+    shared.cores = -1;
+    bool threw = false;
+    try {
+      shared.check();
+    } catch (const chorus::Error& e) {
+      threw = std::string(e.what()).find("cores") != std::string::npos;
+    }
+    check(threw, "cores -1 is refused, naming 'cores'");
+  } catch (const std::exception& e) {
+    std::printf("FAIL %s\n", e.what());
+    return 1;
+  }
+  std::printf("%s\n", failures ? "sim.host: FAILED" : "sim.host: all checks passed");
+  return failures ? 1 : 0;
+}
