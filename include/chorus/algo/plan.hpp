@@ -151,6 +151,11 @@ struct PlanInputs {
   Overrides overrides;     ///< CHORUS_ALGO, CHORUS_CHUNK_BYTES
   topology::Hosts hosts;   ///< which ranks share a host
   HostModels links;        ///< inside a host and between hosts (host_models)
+  /// Time per byte of one flow between hosts where it cannot have its host's whole link (a NIC
+  /// per rank); 0: it can (one NIC per host, what the library assumes). The simulator sets it.
+  double flow_beta = 0;
+  /// Time per byte of a reduction (the simulator sets its model's).
+  double reduce_beta = kReduceSecondsPerByte;
 };
 
 /// The flat or hierarchical choice for `kind` of `bytes` (see the top), with `o` the overrides
@@ -169,12 +174,25 @@ inline Choice choose(CollectiveKind kind, std::size_t bytes, const PlanInputs& i
   Overrides flat_o = o;
   if (forced == Algorithm::hierarchical) flat_o.per_kind[static_cast<std::size_t>(kind)] = Algorithm::automatic, flat_o.algorithm = Algorithm::automatic;
   const TransportModel& m = spans ? in.links.inter : in.model;
-  Choice flat = select(kind, bytes, in.size, m, flat_o);
-  if (!can || (forced != Algorithm::automatic && forced != Algorithm::hierarchical)) return flat;
   const HostShape shape{in.hosts.host_count(), in.hosts.max_local_size(), in.hosts.rails()};
-  const double bw = hierarchical_seconds(kind, bytes, in.size, shape, in.links.intra, in.links.inter, false);
+  Choice flat = select(kind, bytes, in.size, m, flat_o);
+  if (spans && kind == CollectiveKind::all_reduce && in.links.have_intra) {
+    // Across hosts with ranks sharing them: the flat algorithms as the hosts' links see them.
+    const auto t = flat_all_reduce_across_hosts(bytes, in.size, shape, in.links.intra, in.links.inter, flat.slice_bytes,
+                                                in.flow_beta, in.reduce_beta);
+    const Algorithm f = flat_o.forced(kind);
+    Algorithm a = Algorithm::ring;
+    if (t.recursive_doubling <= t.ring && t.recursive_doubling <= t.tree) a = Algorithm::recursive_doubling;
+    else if (t.tree < t.ring) a = Algorithm::tree;
+    if (f == Algorithm::ring || f == Algorithm::tree || f == Algorithm::recursive_doubling) a = f;
+    flat.algorithm = a;
+    flat.seconds = a == Algorithm::ring ? t.ring : a == Algorithm::tree ? t.tree : t.recursive_doubling;
+  }
+  if (!can || (forced != Algorithm::automatic && forced != Algorithm::hierarchical)) return flat;
+  const double bw = hierarchical_seconds(kind, bytes, in.size, shape, in.links.intra, in.links.inter, false, in.reduce_beta, in.flow_beta);
   const bool latency_form = kind == CollectiveKind::all_reduce || kind == CollectiveKind::broadcast || kind == CollectiveKind::reduce;
-  const double lat = latency_form ? hierarchical_seconds(kind, bytes, in.size, shape, in.links.intra, in.links.inter, true) : bw;
+  const double lat =
+      latency_form ? hierarchical_seconds(kind, bytes, in.size, shape, in.links.intra, in.links.inter, true, in.reduce_beta, in.flow_beta) : bw;
   const double best = std::min(bw, lat);
   if (forced != Algorithm::hierarchical && best >= flat.seconds) return flat;
   return Choice{Algorithm::hierarchical, slice_bytes(in.links.inter, o), best, latency_form && lat < bw};

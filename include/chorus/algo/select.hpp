@@ -272,26 +272,69 @@ constexpr bool has_hierarchical(CollectiveKind k) {
          k == CollectiveKind::broadcast || k == CollectiveKind::reduce;
 }
 
+/// The flat all_reduce algorithms over ranks on several hosts (ranks numbered host by host), where
+/// select() sees one link for all. The latency terms stay select's (every step at the latency
+/// between hosts: small messages choose as before); the bytes terms see the hosts' links:
+/// * ring: one flow per host crosses each host boundary; 2(P-1) steps of B/P at the slowest link;
+/// * recursive doubling: the steps whose partners are nearer than the host's size stay inside it;
+///   in the others all L ranks of a host send B out at once (L B through the host's link);
+/// * double binary tree: as select's, each step moving 4 slices through a node's slowest link.
+/// `flow_beta`: the time per byte of one flow between hosts where it cannot have the host's whole
+/// link (a NIC per rank: 1 / the rank's NIC rate); 0 where one flow can (one NIC per host).
+/// `red`: reduction time per byte.
+struct FlatAcrossHosts {
+  double ring = 0, tree = 0, recursive_doubling = 0;
+};
+inline FlatAcrossHosts flat_all_reduce_across_hosts(std::size_t bytes, int n, const HostShape& s, const TransportModel& intra,
+                                                    const TransportModel& inter, std::size_t slice_bytes, double flow_beta = 0,
+                                                    double red = kReduceSecondsPerByte) {
+  const double P = n, B = static_cast<double>(bytes), L = s.local, slice = static_cast<double>(slice_bytes);
+  const double alpha = inter.alpha;
+  const double beta = std::max({intra.beta, inter.beta, flow_beta});  // a step's slowest link
+  FlatAcrossHosts t;
+  t.ring = 2 * (P - 1) * (alpha + B / P * beta);
+  const int steps = static_cast<int>(std::floor(std::log2(P)));
+  const double folds = (n & (n - 1)) ? 2 : 0;  // to and from a neighbour: inside a host
+  int inside = 0;
+  while (inside < steps && (1 << inside) < s.local) ++inside;
+  t.recursive_doubling = (steps + folds) * alpha + B * ((inside + folds) * (intra.beta + red) +
+                                                        (steps - inside) * (std::max(L * inter.beta, flow_beta) + red));
+  const double per_tree = std::max(1.0, std::ceil(B / 2 / slice));
+  t.tree = (2 * std::ceil(std::log2(P)) + per_tree - 1) * (alpha + 4 * std::min(slice, B / 2) * beta);
+  return t;
+}
+
 /// The model's time for the hierarchical form of `kind` (`latency`: the small-message one), with
 /// `intra` the links inside a host and `inter` those between hosts (its beta: the host's network
 /// link, shared by the rails: R rails each moving 1/R of the data at 1/R of the rate). `bytes` as
 /// for select (the block for all_gather and reduce_scatter).
 inline double hierarchical_seconds(CollectiveKind kind, std::size_t bytes, int n, const HostShape& s,
-                                   const TransportModel& intra, const TransportModel& inter, bool latency) {
+                                   const TransportModel& intra, const TransportModel& inter, bool latency,
+                                   double red = kReduceSecondsPerByte, double flow_beta = 0) {
   const double B = static_cast<double>(bytes), H = s.hosts, L = s.local, S = B * n;
   const double lg_l = std::ceil(std::log2(L)), lg_h = std::ceil(std::log2(H));
-  const double red = kReduceSecondsPerByte;
   switch (kind) {
     case CollectiveKind::all_reduce:
       if (latency)  // reduce to the leader, recursive doubling among the leaders, broadcast inside
-        return lg_l * (intra.alpha + B * (intra.beta + red)) + lg_h * (inter.alpha + B * (inter.beta + red)) +
-               lg_l * (intra.alpha + B * intra.beta);
-      // host reduce-scatter and all-gather; each rail all-reduces its part across the hosts. The
-      // segments are pipelined (algo/hierarchical.hpp): a segment's messages pass every stage one
-      // after the other (the latency terms add up), while the host phases move their bytes beside
-      // the rails carrying other segments (the slower of the two sets the time).
-      return 2 * (L - 1) * intra.alpha + 2 * (H - 1) * inter.alpha +
-             std::max(2 * (L - 1) * B / L * intra.beta, 2 * (H - 1) * B / H * inter.beta);
+        return lg_l * (intra.alpha + B * (intra.beta + red)) +
+               lg_h * (inter.alpha + B * (std::max(inter.beta, flow_beta) + red)) + lg_l * (intra.alpha + B * intra.beta);
+    {
+      // host reduce-scatter, each rail all-reducing its part across the hosts, host all-gather,
+      // in k segments pipelined (algo/hierarchical.hpp: a segment is R x H rail messages of
+      // 64 KiB, at most 1,024 segments, 4 in flight): the first segment passes the three stages one
+      // after the other, each later one adds the slowest stage, whose latency the segments in
+      // flight share. A rail is one flow between hosts: R of them share the host's link, and each
+      // has at most its own NIC's rate where a rank has one (flow_beta).
+      const double R = s.rails;
+      const double k = std::clamp(std::floor(B / (65536.0 * R * H)), 1.0, 1024.0), seg = B / k;
+      const double rail_beta = std::max(inter.beta, flow_beta / R);
+      const double a1 = (L - 1) * intra.alpha, b1 = (L - 1) / L * seg * (intra.beta + red);
+      const double a2 = 2 * (H - 1) * inter.alpha, b2 = 2 * (H - 1) / H * seg * rail_beta + (H - 1) / H * seg / R * red;
+      const double a3 = (L - 1) * intra.alpha, b3 = (L - 1) / L * seg * intra.beta;
+      constexpr double window = 4;
+      const double slowest = std::max({a1 / window + b1, a2 / window + b2, a3 / window + b3});
+      return a1 + b1 + a2 + b2 + a3 + b3 + (k - 1) * slowest;
+    }
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::all_gather:
       // host phase over the whole buffer and the blocks copied into rail order and back (one

@@ -64,6 +64,9 @@ inline algo::PlanInputs plan_inputs(const NetworkModel& m, const Layout& l) {
   in.links.have_intra = l.ranks_per_host > 1;
   in.links.have_inter = l.hosts > 1;
   in.model = l.hosts > 1 ? in.links.inter : in.links.intra;
+  // With a NIC per rank one flow has that NIC, not the host's links together; the reduction rate.
+  if (m.nic_per_rank) in.flow_beta = 1.0 / m.inter.bandwidth;
+  in.reduce_beta = 1.0 / m.reduce_rate;
   return in;
 }
 
