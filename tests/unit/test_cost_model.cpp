@@ -59,6 +59,14 @@ TEST_CASE("cost model: flat all_reduce across hosts, bytes through the hosts' li
   const auto capped = algo::flat_all_reduce_across_hosts(1 << 20, 8, shape, intra, inter, 1 << 20, 4e-9, 0);
   CHECK(capped.ring == doctest::Approx(4 * t.ring));
   CHECK(capped.recursive_doubling == doctest::Approx(2 * B * 4e-9));
+  // double tree over 4 ranks of 2 hosts, 8 MiB in slices of 1 MiB (4 per tree): one level inside
+  // the hosts (free here), one across, each passed up and down, then 3 further slices at the link
+  // between hosts; 4 slices per step through a host's link.
+  const auto tree = algo::flat_all_reduce_across_hosts(8 << 20, 4, algo::HostShape{2, 2, 2}, intra, inter, 1 << 20, 0, 0);
+  CHECK(tree.tree == doctest::Approx((2 + 3) * 4 * B * 1e-9));
+  // With a NIC per rank at 1/4 of the host's rate: 3 slices per step through it.
+  const auto tree_nic = algo::flat_all_reduce_across_hosts(8 << 20, 4, algo::HostShape{2, 2, 2}, intra, inter, 1 << 20, 4e-9, 0);
+  CHECK(tree_nic.tree == doctest::Approx((2 + 3) * 3 * B * 4e-9));
 }
 
 TEST_CASE("cost model: a NIC per rank (flow_beta) steers large all_reduce away from the flat tree") {
@@ -67,7 +75,8 @@ TEST_CASE("cost model: a NIC per rank (flow_beta) steers large all_reduce away f
   const auto without = inputs(128, 8, intra, inter, 0, 1 / 1e12);
   const auto with = inputs(128, 8, intra, inter, 1 / 50e9, 1 / 1e12);
   // Seen as one 400 GB/s link per flow, a host's leader moves 2 MiB fast enough for the latency
-  // form; held to 50 GB/s, recursive doubling (all 8 NICs of a host busy) is cheaper, as the
+  // form; held to 50 GB/s, recursive doubling (all 8 NICs of a host busy) is cheaper than it and
+  // than the tree (3 slices per step through one rank's NIC), as the
   // simulation of this layout finds (docs/performance.md).
   const auto at2m_without = algo::choose(CollectiveKind::all_reduce, 2 << 20, without, {});
   CHECK(at2m_without.algorithm == Algorithm::hierarchical);
