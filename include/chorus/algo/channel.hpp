@@ -36,8 +36,34 @@ namespace chorus::algo {
 
 using mismatch::ChannelMemory;
 
+/// The blocking steps of a channel (algo::Channel, sim::Channel), written once over its own
+/// isend, irecv and wait (CRTP).
+template <class Derived>
+class BlockingSteps {
+ public:
+  void wait_all(std::span<ChannelOp> ops) {
+    for (auto& o : ops) self().wait(o);
+  }
+  void send(int peer, ConstBytes b, int lane = 0) {
+    auto op = self().isend(peer, b, lane);
+    self().wait(op);
+  }
+  void recv(int peer, MutableBytes b, int lane = 0) {
+    auto op = self().irecv(peer, b, lane);
+    self().wait(op);
+  }
+  /// Sends to one peer while receiving from another (or the same), then waits for both.
+  void sendrecv(int to, ConstBytes out, int from, MutableBytes in) {
+    ChannelOp ops[2] = {self().irecv(from, in), self().isend(to, out)};
+    wait_all(ops);
+  }
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+};
+
 template <Transport T>
-class Channel {
+class Channel : public BlockingSteps<Channel<T>> {
  public:
   using Op = ChannelOp;
   using OnStall = typename mismatch::CallCheck<T>::OnStall;
@@ -117,24 +143,6 @@ class Channel {
       x_.upload(op.upload_to, op.dst.data, op.dst.size);
       op.upload_to = nullptr;
     }
-  }
-  void wait_all(std::span<Op> ops) {
-    for (auto& o : ops) wait(o);
-  }
-
-  /// Blocking helpers for simple steps.
-  void send(int peer, ConstBytes b, int lane = 0) {
-    auto op = isend(peer, b, lane);
-    wait(op);
-  }
-  void recv(int peer, MutableBytes b, int lane = 0) {
-    auto op = irecv(peer, b, lane);
-    wait(op);
-  }
-  /// Sends to one peer while receiving from another (or the same), then waits for both.
-  void sendrecv(int to, ConstBytes out, int from, MutableBytes in) {
-    Op ops[2] = {irecv(from, in), isend(to, out)};
-    wait_all(ops);
   }
 
  private:

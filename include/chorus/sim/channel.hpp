@@ -18,13 +18,15 @@
 #include <span>
 #include <vector>
 
+#include "chorus/algo/channel.hpp"
 #include "chorus/algo/group.hpp"
 #include "chorus/core/buffer.hpp"
 #include "chorus/sim/engine.hpp"
 
 namespace chorus::sim {
 
-class Channel {
+/// wait_all, send, recv and sendrecv: algo::BlockingSteps.
+class Channel : public algo::BlockingSteps<Channel> {
  public:
   using Op = algo::ChannelOp;
   static constexpr int kOpLists = 4;  ///< as mismatch::ChannelMemory::kOpLists
@@ -60,23 +62,6 @@ class Channel {
     e_.wait(rank_, *q);
     if (op.recv) e_.charge(rank_, e_.link(op.peer, rank_).overhead);
   }
-  void wait_all(std::span<Op> ops) {
-    for (auto& o : ops) wait(o);
-  }
-
-  void send(int peer, ConstBytes b, int lane = 0) {
-    auto op = isend(peer, b, lane);
-    wait(op);
-  }
-  void recv(int peer, MutableBytes b, int lane = 0) {
-    auto op = irecv(peer, b, lane);
-    wait(op);
-  }
-  void sendrecv(int to, ConstBytes out, int from, MutableBytes in) {
-    Op ops[2] = {irecv(from, in), isend(to, out)};
-    wait_all(ops);
-  }
-
   /// Nothing to complete (no descriptors in the simulator).
   void finish() {}
 
