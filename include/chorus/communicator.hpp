@@ -338,6 +338,30 @@ class Communicator {
   ///   if (first4.valid()) first4.all_reduce(v, chorus::ReduceOp::sum);
   Communicator split(int color, int key);
 
+  /// A new communicator of the ranks that are still alive, like ULFM's MPIX_Comm_shrink and
+  /// ncclCommShrink: collective over the survivors, each of which calls it (typically after a
+  /// call failed with peer_failure). This communicator is aborted first (its pending calls fail,
+  /// its links close). The survivors agree on one set of members, also when more ranks fail
+  /// meanwhile (impl/standby.hpp): they meet at the standby store of the lowest rank they can all
+  /// reach, so the death of rank 0 or of its host (the job's store with it) is survived; ranks
+  /// keep their order and are numbered from 0. A rank that is alive but does not call shrink
+  /// within Options::shrink_wait is left out, and so is one cut off from the others; the members
+  /// must be a majority of the ranks not known to be dead, else every rank fails with
+  /// peer_failure (the two sides of a cut network never both go on). A rank left out fails with
+  /// peer_failure. The new communicator has its own links, context and store (the leader's
+  /// standby); it works like one from create().
+  ///
+  ///   try { comm.all_reduce(grad, chorus::ReduceOp::sum); }
+  ///   catch (const chorus::Error& e) {
+  ///     if (e.code() != chorus::ErrorCode::peer_failure) throw;
+  ///     comm = comm.shrink();  // the survivors, renumbered
+  ///   }
+  Communicator shrink();
+  /// The same, leaving out the ranks in `exclude` (ranks of this communicator) on purpose, as
+  /// ncclCommShrink's exclude list: every caller passes the same list; a rank in it gets back a
+  /// communicator that is not valid() (it need not call shrink at all).
+  Communicator shrink(std::span<const int> exclude);
+
   /// Fails every pending and later operation of this communicator with `aborted` here and
   /// (through the links breaking) with peer_failure on every peer. Dumps the flight recorder.
   /// Idempotent; never blocks for long; may be called from any thread. A split communicator

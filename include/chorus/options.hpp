@@ -57,6 +57,10 @@ struct Options {
   std::string host_id;
   /// Forces the pipeline slice size in bytes (CHORUS_CHUNK_BYTES); 0: the cost model's.
   std::size_t chunk_bytes = 0;
+  /// How long Communicator::shrink()'s agreement waits for a rank that is alive and reachable
+  /// (or, with a store every rank shares, not known to be gone) but has not called shrink yet
+  /// (CHORUS_SHRINK_WAIT, seconds); 0: the timeout. A rank that has not joined by then is left out.
+  std::chrono::milliseconds shrink_wait{0};
 
   /// The transports `transport` may name besides "auto", and transport_disable may list: the
   /// candidates of transport/registry.hpp (hybrid/transport.hpp checks that the two agree).
@@ -74,7 +78,7 @@ struct Options {
   }
 
   /// Reads CHORUS_TRANSPORT, CHORUS_TRANSPORT_DISABLE, CHORUS_TIMEOUT, CHORUS_SOCKET_IFNAME,
-  /// CHORUS_JOB_TOKEN, CHORUS_ALGO, CHORUS_CHUNK_BYTES. Rank, world
+  /// CHORUS_JOB_TOKEN, CHORUS_ALGO, CHORUS_CHUNK_BYTES, CHORUS_SHRINK_WAIT. Rank, world
   /// size and the init method are resolved at rendezvous (bootstrap/launch_env.hpp). A value that
   /// does not parse throws invalid_argument naming the variable.
   static Options from_env() {
@@ -100,6 +104,7 @@ struct Options {
     }
     if (auto v = detail::env_string("CHORUS_JOB_TOKEN")) job_token = *v;
     if (auto v = detail::env_string("CHORUS_ALGO")) algorithm = *v;
+    if (auto v = detail::env_string("CHORUS_SHRINK_WAIT")) shrink_wait = detail::parse_seconds(*v, "CHORUS_SHRINK_WAIT");
     if (auto v = detail::env_string("CHORUS_CHUNK_BYTES")) {
       chunk_bytes = detail::parse_bytes(*v, "CHORUS_CHUNK_BYTES");
       if (chunk_bytes == 0) throw Error(ErrorCode::invalid_argument, "CHORUS_CHUNK_BYTES must be positive");

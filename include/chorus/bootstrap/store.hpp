@@ -61,6 +61,8 @@ class PrefixStore final : public Store {
   bool check_within(const std::vector<std::string>& keys, Duration t) override {
     return base_->check_within(prefixed(keys), t);
   }
+  /// The store this one prefixes.
+  const std::shared_ptr<Store>& base() const { return base_; }
 
  private:
   std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {

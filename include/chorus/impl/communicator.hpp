@@ -4,7 +4,7 @@
 // goes down one stack: start() (memory kind, device executor) -> collective(): validate
 // (algo/validate.hpp) -> plan (algo/plan.hpp) -> queue (impl/call_queue.hpp) -> run
 // (algo/run.hpp, or the intranode paths) -> channel -> link. What explains a failure is in diag/;
-// the communicator's state in impl/state.hpp, split() in impl/split.hpp.
+// the communicator's state in impl/state.hpp, split() in impl/split.hpp, shrink() in impl/shrink.hpp.
 
 #include <algorithm>
 #include <array>
@@ -58,6 +58,7 @@ Communicator<T> Communicator<T>::create(Options options) {
     s->group.descriptors = *v == "0";
   }
   s->runtime = device::default_runtime();
+  s->make_standby();
   s->make_recorder();
   s->watch_for_errors();
   if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::init))
@@ -487,3 +488,4 @@ void Communicator<T>::abort() {
 }  // namespace chorus
 
 #include "chorus/impl/split.hpp"
+#include "chorus/impl/shrink.hpp"

@@ -50,6 +50,7 @@ Communicator<T> Communicator<T>::split(int color, int key) {
   auto sub = std::make_unique<State>();
   sub->boot = st.boot;
   sub->transport = st.transport;
+  sub->standby = st.standby;
   sub->group.transport = st.transport.get();
   for (auto& [k, r] : order) {
     if (r == rank()) sub->group.rank = static_cast<int>(sub->group.members.size());

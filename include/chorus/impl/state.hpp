@@ -32,6 +32,7 @@
 #include "chorus/exec/device.hpp"
 #include "chorus/exec/host.hpp"
 #include "chorus/impl/call_queue.hpp"
+#include "chorus/impl/standby.hpp"
 #include "chorus/topology/hosts.hpp"
 #include "chorus/transport/peer_info.hpp"
 
@@ -94,6 +95,24 @@ struct Communicator<T>::State {
     algo::HostModels combined;
     for (const std::string& text : all("links", mine.encode())) combined.combine(algo::HostModels::decode(text));
     in.links = combined;
+  }
+  /// This rank's standby store and every rank's standby address (impl/standby.hpp): where the
+  /// survivors meet in shrink(). Shared with sub-communicators (indexed by transport rank).
+  std::shared_ptr<detail::Standby> standby;
+  std::uint64_t shrink_seq = 0;  ///< shrinks of this group begun (alike on every rank; under call_mu)
+
+  /// Starts this rank's standby and learns every rank's standby address (none with a store every
+  /// rank shares, which serves instead).
+  void make_standby() {
+    standby = detail::Standby::make(boot);
+    if (standby->shared()) return;
+    const int n = boot.size;
+    std::vector<std::string> v(static_cast<std::size_t>(n));
+    const std::string mine = standby->address();
+    if (n > 1) boot.store->set("standby/" + std::to_string(boot.rank), mine);
+    for (int r = 0; r < n; ++r)
+      v[static_cast<std::size_t>(r)] = r == boot.rank ? mine : boot.store->get("standby/" + std::to_string(r), boot.options.timeout);
+    standby->set_addresses(v);
   }
   exec::HostExecutor host_exec;  ///< copies, reductions and scratch of host buffers
   std::shared_ptr<algo::ChannelMemory> channel_memory;  ///< reused by each call's Channel
