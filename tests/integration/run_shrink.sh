@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Shrink after faults across namespace hosts: 3 hosts x 2 ranks (tests/integration/hosts.sh;
+# host h holds ranks 2h and 2h+1; host 0 also the job's store, served by rank 0). For each seed
+# given, six ranks of shrink_driver loop mixed collectives (checked), one fault is injected after a
+# seeded delay, and the survivors must shrink (Communicator::shrink) and finish ROUNDS rounds of
+# checked collectives on the shrunk communicator. The seed picks the fault kind (seed mod 5) and
+# its victims:
+#
+#   kill_rank       SIGKILL of rank (seed/5) mod 6 (rank 0, the store's, for seeds 0 and 30)
+#   kill_host       host (seed/5) mod 3 vanishes: its link goes down, then its ranks are SIGKILLed
+#                   (no FIN, no RST reach the others); host 0 takes the job's store with it
+#   cut_link        host (seed/5) mod 3's link goes down; its ranks live on, cut off: they must
+#                   fail (no quorum), the others go on
+#   two_ranks       SIGKILL of two random ranks at once
+#   during_shrink   SIGKILL of a random rank, then of another as soon as a survivor enters shrink
+#
+# Per seed it passes when every survivor prints SHRINK_DONE with the expected members, every
+# rank cut off ends with an error, no result is wrong, and nothing is left: no rank process, no
+# process in a host but its holder, no file in a host's /dev/shm. It prints each survivor's time
+# from the fault to its first correct round on the final communicator, and, at the end, those
+# times per kind (median and worst); a time above RECOVER_LIMIT (default 30 s: far above what a
+# shrink takes, so only a hang or a fallback to the timeout fails) fails the seed. After all
+# seeds the hosts are removed and checked gone. Exit 77 (skipped) without root, ip netns or
+# unshare.
+#
+# Usage: run_shrink.sh <shrink_driver> <seed> [<seed> ...]
+set -uo pipefail
+
+driver=${1:?usage: run_shrink.sh <shrink_driver> <seed>...}
+shift
+seeds=("$@")
+((${#seeds[@]} > 0)) || { echo "no seed given"; exit 2; }
+rounds=${ROUNDS:-10}
+recover_limit=${RECOVER_LIMIT:-30}
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; failed=1; seed_failed=1; }
+failed=0
+seed_failed=0
+
+[[ -x $driver ]] || { echo "no driver $driver"; exit 2; }
+source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
+hosts_names "shk$$" 10.83.0
+work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-shrink.XXXXXX")
+pids=()
+
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  hosts_remove
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+hosts_create 3
+world=6
+host_of=(0 0 1 1 2 2)
+kinds=(kill_rank kill_host cut_link two_ranks during_shrink)
+now() { date +%s.%N; }
+rank_pid() { sed -n 's/^SHRINK_READY .* pid=\([0-9]*\).*/\1/p' "$run/rank$1.out" 2>/dev/null; }
+alive() { local p; p=$(rank_pid "$1"); [[ -n $p ]] && kill -0 "$p" 2>/dev/null; }
+show_ranks() {
+  local r
+  for ((r = 0; r < world; ++r)); do
+    echo "--- rank $r (host ${host_of[r]}): last lines of stdout and stderr"
+    tail -5 "$run/rank$r.out" 2>/dev/null
+    grep -v '^\[chorus' "$run/rank$r.err" 2>/dev/null | tail -4
+  done
+}
+# The launcher shells (hosts_exec ... &) end with their rank.
+wait_ranks() {
+  local deadline=$((SECONDS + $1)) r left
+  while :; do
+    left=""
+    for ((r = 0; r < world; ++r)); do kill -0 "${pids[r]}" 2>/dev/null && left+=" $r"; done
+    [[ -z $left ]] && return 0
+    ((SECONDS > deadline)) && { echo "$left"; return 1; }
+    sleep 0.05
+  done
+}
+
+declare -A times_by_kind=()
+
+for seed in "${seeds[@]}"; do
+  seed_failed=0
+  run="$work/seed$seed"
+  mkdir -p "$run"
+  kind=${kinds[seed % 5]}
+  k=$((seed / 5))
+  RANDOM=$seed
+  victims=()
+  cut_host=-1
+  case $kind in
+    kill_rank) victims=($((k % 6))) ;;
+    kill_host) cut_host=$((k % 3)); victims=($((2 * cut_host)) $((2 * cut_host + 1))) ;;
+    cut_link) cut_host=$((k % 3)) ;;
+    two_ranks | during_shrink)
+      a=$((RANDOM % 6))
+      b=$(((a + 1 + RANDOM % 5) % 6))
+      victims=("$a" "$b")
+      ;;
+  esac
+  delay_ms=$((200 + RANDOM % 800))
+
+  pids=()
+  for ((r = 0; r < world; ++r)); do
+    hosts_exec "${host_of[r]}" env RANK=$r WORLD_SIZE=$world MASTER_ADDR="${hosts_addr[0]}" \
+      "$driver" "$run/port" "$rounds" 60 >"$run/rank$r.out" 2>"$run/rank$r.err" </dev/null &
+    pids[r]=$!
+  done
+  deadline=$((SECONDS + 60))
+  until (($(cat "$run"/rank*.out 2>/dev/null | grep -c '^SHRINK_READY') == world)); do
+    if ((SECONDS > deadline)); then
+      fail "seed $seed: the ranks did not all start within 60 s"
+      show_ranks
+      break
+    fi
+    sleep 0.05
+  done
+  ((seed_failed)) && { wait_ranks 1 >/dev/null || for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; continue; }
+
+  sleep "$((delay_ms / 1000)).$(printf %03d $((delay_ms % 1000)))"
+  t_fault=$(now)
+  case $kind in
+    kill_rank | two_ranks)
+      for v in "${victims[@]}"; do kill -9 "$(rank_pid "$v")"; done
+      what="SIGKILL of rank(s) ${victims[*]}"
+      ;;
+    kill_host)
+      hosts_cut "$cut_host"
+      for v in "${victims[@]}"; do kill -9 "$(rank_pid "$v")"; done
+      what="host $cut_host vanished (link down, ranks ${victims[*]} SIGKILLed)"
+      ;;
+    cut_link)
+      hosts_cut "$cut_host"
+      what="host $cut_host's link cut (ranks $((2 * cut_host)) and $((2 * cut_host + 1)) cut off)"
+      ;;
+    during_shrink)
+      kill -9 "$(rank_pid "${victims[0]}")"
+      deadline=$((SECONDS + 30))
+      until cat "$run"/rank*.out 2>/dev/null | grep -q '^SHRINK_SHRINKING'; do
+        ((SECONDS > deadline)) && break
+        sleep 0.005
+      done
+      kill -9 "$(rank_pid "${victims[1]}")"
+      what="SIGKILL of rank ${victims[0]}, then of rank ${victims[1]} as the survivors entered shrink"
+      ;;
+  esac
+  echo "seed $seed: $kind: $what after ${delay_ms} ms of collectives"
+
+  if left=$(wait_ranks 90); then :; else
+    fail "seed $seed: rank(s)$left still running 90 s after the fault"
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    for ((r = 0; r < world; ++r)); do p=$(rank_pid "$r"); [[ -n $p ]] && kill -9 "$p" 2>/dev/null; done
+  fi
+
+  # Who must go on: every rank not killed and not cut off.
+  expect=()
+  for ((r = 0; r < world; ++r)); do
+    [[ " ${victims[*]} " == *" $r "* ]] && continue
+    ((cut_host >= 0 && host_of[r] == cut_host)) && continue
+    expect+=("$r")
+  done
+  members=$(
+    IFS=,
+    echo "${expect[*]}"
+  )
+  seed_times=()
+  for r in "${expect[@]}"; do
+    done_line=$(grep -m1 '^SHRINK_DONE' "$run/rank$r.out" 2>/dev/null)
+    if [[ -z $done_line ]]; then
+      fail "seed $seed: rank $r did not finish: $(grep -m1 -E '^SHRINK_(ERROR|WRONG)' "$run/rank$r.out")"
+      continue
+    fi
+    [[ $done_line == *" size=${#expect[@]} members=$members "* ]] ||
+      fail "seed $seed: rank $r ended with '$done_line', expected members $members"
+    ok_line=$(grep '^SHRINK_FIRST_OK' "$run/rank$r.out" | tail -1)
+    t_ok=$(sed -n 's/.* wall=\([0-9.]*\).*/\1/p' <<<"$ok_line")
+    after=$(awk -v a="$t_ok" -v b="$t_fault" 'BEGIN { printf "%.2f", a - b }')
+    seed_times+=("$after")
+    awk -v a="$after" -v l="$recover_limit" 'BEGIN { exit !(a <= l) }' ||
+      fail "seed $seed: rank $r's first correct round came ${after} s after the fault (limit ${recover_limit} s)"
+  done
+  if ((cut_host >= 0)) && [[ $kind == cut_link ]]; then
+    for r in $((2 * cut_host)) $((2 * cut_host + 1)); do
+      line=$(grep -m1 '^SHRINK_ERROR' "$run/rank$r.out" 2>/dev/null)
+      if [[ -z $line ]]; then
+        fail "seed $seed: rank $r, cut off, did not end with an error: $(tail -1 "$run/rank$r.out")"
+      else
+        echo "seed $seed: rank $r (cut off): ${line#SHRINK_ERROR }" | cut -c1-300
+      fi
+      grep -q '^SHRINK_DONE' "$run/rank$r.out" && fail "seed $seed: rank $r, cut off, went on"
+    done
+  fi
+  grep -h '^SHRINK_WRONG' "$run"/rank*.out 2>/dev/null | head -5
+  grep -q '^SHRINK_WRONG' "$run"/rank*.out 2>/dev/null && fail "seed $seed: wrong results (above)"
+  sorted=$(printf '%s\n' "${seed_times[@]}" | sort -n | tr '\n' ' ')
+  echo "seed $seed: $kind: survivors ${members}: fault to first correct round (s): $sorted"
+  times_by_kind[$kind]+="$sorted"
+  ((seed_failed)) && show_ranks
+
+  # Nothing left on the hosts; the link back up for the next seed.
+  for ((r = 0; r < world; ++r)); do alive "$r" && fail "seed $seed: rank $r process left"; done
+  for ((h = 0; h < 3; ++h)); do
+    ip -n "${hosts_ns[h]}" link set "${hosts_dev[h]}" up
+    left=$(ip netns pids "${hosts_ns[h]}" 2>/dev/null | grep -vx "${hosts_holder[h]}" | tr '\n' ' ')
+    [[ -z $left ]] || fail "seed $seed: processes left on host $h: $left"
+    shm=$(hosts_exec "$h" find /dev/shm -mindepth 1 2>&1 | tr '\n' ' ')
+    [[ -z $shm ]] || fail "seed $seed: left in host $h's /dev/shm: $shm"
+  done
+  ((seed_failed)) && echo "seed $seed: FAIL" || echo "seed $seed: PASS"
+done
+
+echo "fault to the survivors' first correct round on the shrunk communicator, seconds (seeds ${seeds[*]}):"
+for kind in "${kinds[@]}"; do
+  [[ -n ${times_by_kind[$kind]:-} ]] || continue
+  read -r -a ts <<<"${times_by_kind[$kind]}"
+  stats=$(printf '%s\n' "${ts[@]}" | sort -n | awk '{ v[NR] = $1 } END { printf "median %.2f, worst %.2f, %d ranks", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[NR], NR }')
+  echo "  $kind: $stats"
+done
+work_dir=$work
+cleanup
+trap - EXIT
+hosts_check_removed
+[[ -e $work_dir ]] && fail "work folder $work_dir left"
+if ((failed)); then echo "FAIL: seeds ${seeds[*]}"; exit 1; fi
+echo "PASS: seeds ${seeds[*]}"
