@@ -362,6 +362,23 @@ class Communicator {
   /// communicator that is not valid() (it need not call shrink at all).
   Communicator shrink(std::span<const int> exclude);
 
+  /// Admits the processes waiting to join (join(), like ncclCommGrow): collective over this
+  /// communicator. Returns a new communicator of this one's ranks, numbered as here, followed by
+  /// the joiners in the order they knocked, or nullopt when none waits (every rank gets the same
+  /// answer: rank 0 counts the knocks and tells the others). This communicator stays as it is.
+  ///
+  ///   if (auto bigger = comm.grow()) comm = std::move(*bigger);  // e.g. at an epoch's end
+  std::optional<Communicator> grow();
+  /// Where a new process joins this communicator: "tcp://host:port" of rank 0's standby store,
+  /// to give to join() as Options::init_method; "" where the ranks share a store (MemoryStore,
+  /// FileStore): a joiner then passes that store as Options::store. Changes with every shrink()
+  /// and grow() (each new communicator has its own).
+  std::string join_address() const;
+  /// Joins a running communicator at its next grow(): `options.init_method` is its
+  /// join_address() (or options.store the store its ranks share); rank and world size come from
+  /// the admission. Waits for it up to the options' timeout.
+  static Communicator join(Options options);
+
   /// Fails every pending and later operation of this communicator with `aborted` here and
   /// (through the links breaking) with peer_failure on every peer. Dumps the flight recorder.
   /// Idempotent; never blocks for long; may be called from any thread. A split communicator

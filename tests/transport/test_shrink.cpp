@@ -163,4 +163,92 @@ TEST_CASE_TEMPLATE("shrink: survivors of SIGKILL go on", M, chorus::test::TcpPro
       p);
 }
 
+/// Members call grow() until it admits someone (every rank gets the same answer each time),
+/// bounded by `limit`.
+template <class Comm>
+Comm grow_until_joined(Comm& c, std::chrono::milliseconds limit) {
+  const auto t0 = Clock::now();
+  for (;;) {
+    if (auto g = c.grow()) return std::move(*g);
+    expect(Clock::now() - t0 < limit, "nobody joined within the limit");
+  }
+}
+
+// Three ranks as threads meet through a shared store; a fourth thread joins them through that
+// store at a grow() and gets the next rank.
+TEST_CASE("grow: a thread joins through the shared store") {
+  chorus::test::ThreadOptions t;
+  t.timeout = 30s;
+  chorus::test::run_threads(
+      4,
+      [](int rank, chorus::Options o) {
+        using Comm = chorus::Communicator<chorus::inproc::Transport>;
+        if (rank == 3) {
+          o.rank = -1;
+          o.world_size = -1;
+          auto c = Comm::join(std::move(o));
+          expect_eq(c.rank(), 3, "the joiner's rank");
+          check_shrunk(c, 3, survivors(4, {}));
+          return;
+        }
+        o.world_size = 3;
+        auto comm = Comm::create(std::move(o));
+        expect(comm.join_address().empty(), "no join address with a shared store");
+        auto c = grow_until_joined(comm, 20s);
+        check_shrunk(c, rank, survivors(4, {}));
+        std::vector<int> v{1};
+        comm.all_reduce(std::span(v), chorus::ReduceOp::sum);  // the old one still works
+        expect_eq(v[0], 3, "the old communicator after grow");
+      },
+      t);
+}
+
+// Processes: rank 1 of four is killed, the survivors shrink to three, and a replacement process
+// joins them at rank 0's join_address(): four ranks again, checked.
+TEST_CASE_TEMPLATE("grow: a replacement joins the survivors of a kill", M, chorus::test::TcpProcesses,
+                   chorus::test::AutoProcesses) {
+  chorus::test::ProcessOptions p;
+  p.comm_timeout = 60s;
+  p.timeout = 120s;
+  p.expect_killed = {1};
+  chorus::test::run_processes(
+      5,
+      [](int rank, chorus::Options o) {
+        using Comm = chorus::Communicator<typename M::Transport>;
+        auto store = o.store;
+        if (rank == 4) {  // the replacement: joins at the address rank 0 publishes after the shrink
+          chorus::Options j;
+          j.timeout = o.timeout;
+          j.init_method = store->get("test/join", 60s);
+          auto c = Comm::join(std::move(j));
+          expect_eq(c.rank(), 3, "the replacement's rank");
+          check_shrunk(c, 4, std::vector<int>{0, 2, 3, 4});
+          return;
+        }
+        o.world_size = 4;
+        auto comm = Comm::create(std::move(o));
+        comm.barrier();
+        if (rank == 1) std::raise(SIGKILL);
+        bool failed = false;
+        for (int i = 0; i < 100000 && !failed; ++i) {
+          std::vector<float> v(1024, 1.0f);
+          try {
+            comm.all_reduce(std::span(v), chorus::ReduceOp::sum);
+          } catch (const chorus::Error&) {
+            failed = true;
+          }
+        }
+        expect(failed, "the collectives failed after the kill");
+        auto shrunk = comm.shrink();
+        if (shrunk.rank() == 0) {
+          const std::string a = shrunk.join_address();
+          expect(a.rfind("tcp://", 0) == 0, "join address " + a);
+          store->set("test/join", a);
+        }
+        auto c = grow_until_joined(shrunk, 60s);
+        check_shrunk(c, rank, std::vector<int>{0, 2, 3, 4});
+      },
+      p);
+}
+
 }  // namespace transport_test_shrink

@@ -489,3 +489,4 @@ void Communicator<T>::abort() {
 
 #include "chorus/impl/split.hpp"
 #include "chorus/impl/shrink.hpp"
+#include "chorus/impl/grow.hpp"

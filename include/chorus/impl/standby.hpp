@@ -129,6 +129,12 @@ struct ShrinkVerdict : Error {
   ShrinkVerdict(const ErrorContext& ctx, const std::string& msg) : Error(ErrorCode::peer_failure, ctx, msg) {}
 };
 
+/// The store under every prefix of `s`.
+inline std::shared_ptr<Store> store_root(std::shared_ptr<Store> s) {
+  while (auto* prefixed = dynamic_cast<const PrefixStore*>(s.get())) s = prefixed->base();
+  return s;
+}
+
 /// What the agreement decided.
 struct Agreement {
   std::vector<int> members;        ///< ranks of the old group that form the new one, ascending
@@ -146,8 +152,7 @@ class Standby {
 
   /// True for stores no rank's death takes away (through prefixes): MemoryStore, FileStore.
   static bool shared_store(const std::shared_ptr<Store>& s) {
-    const Store* p = s.get();
-    while (auto* prefixed = dynamic_cast<const PrefixStore*>(p)) p = prefixed->base().get();
+    const Store* p = store_root(s).get();
     return dynamic_cast<const MemoryStore*>(p) != nullptr || dynamic_cast<const FileStore*>(p) != nullptr;
   }
 
@@ -169,6 +174,8 @@ class Standby {
   }
 
   bool shared() const { return shared_ != nullptr; }
+  /// The shared store without its prefixes (the one every communicator of the job reaches).
+  std::shared_ptr<Store> shared_root() const { return store_root(shared_); }
   /// "host:port" of this rank's server ("" with a shared store).
   std::string address() const { return shared() ? std::string() : self_.text(); }
   /// Every rank's address, by transport rank (from the communicator's creation).
@@ -177,6 +184,21 @@ class Standby {
     for (const auto& t : texts) addrs_.push_back(t.empty() ? StandbyAddress{} : StandbyAddress::parse(t));
   }
   void keep_previous(std::shared_ptr<Standby> p) { previous_ = std::move(p); }
+
+  /// Where processes knock to join the group whose rank 0 is transport rank `root` (grow):
+  /// that rank's standby (its own server on that rank), or the shared store, under "chorus/grow/".
+  std::shared_ptr<Store> grow_store(int root) const {
+    if (shared()) return std::make_shared<PrefixStore>("chorus/grow/", shared_root());
+    if (root == rank_) return std::make_shared<PrefixStore>("chorus/grow/", server_);
+    const StandbyAddress& a = addrs_.at(static_cast<std::size_t>(root));
+    return std::make_shared<PrefixStore>("chorus/grow/", std::make_shared<TcpStore>(a.host, a.port, false, timeout_, token_));
+  }
+  /// "tcp://host:port" of transport rank `root`'s standby ("" with a shared store).
+  std::string join_address(int root) const {
+    if (shared()) return {};
+    const StandbyAddress& a = addrs_.at(static_cast<std::size_t>(root));
+    return "tcp://" + (a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host) + ":" + std::to_string(a.port);
+  }
 
   /// The agreement of one shrink (see the top of this file). `members`: the old group's
   /// transport ranks by group rank; `me`: this rank in the group; `exclude`: group ranks left out
