@@ -343,4 +343,28 @@ TEST_CASE("cuda_ipc: abort while no call runs unmaps the peers' windows, world 3
       options());
 }
 
+// One rank of three is killed after a direct all_reduce; the survivors' next call fails, they
+// shrink, and the new communicator's direct all_reduce on device buffers (new windows) is right.
+TEST_CASE("cuda_ipc: the survivors of a kill shrink and go on (simulated runtime)") {
+  chorus::test::run_processes(
+      3,
+      [](int rank, chorus::Options o) {
+        FailureRank r(o);
+        if (rank == 1) std::raise(SIGKILL);
+        expect_error(ErrorCode::peer_failure, [&] { r.all_reduce().wait(); }, "the all_reduce after the kill");
+        IpcComm c = r.comm.shrink();
+        expect(c.size() == 2 && c.rank() == (rank == 0 ? 0 : 1), "the shrunk communicator's size and rank");
+        std::vector<float> host(FailureRank::n);
+        for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(rank + 1 + i % 5);
+        r.rt.copy(r.buf, host.data(), host.size() * sizeof(float), r.s);
+        c.all_reduce(r.buf, r.buf, FailureRank::n, DataType::float32, ReduceOp::sum, r.s).wait();
+        r.rt.copy(host.data(), r.buf, host.size() * sizeof(float), r.s);
+        r.rt.synchronize(r.s);
+        for (std::size_t i = 0; i < host.size(); ++i)
+          expect(host[i] == static_cast<float>(1 + 3 + 2 * (i % 5)), "all_reduce on the shrunk communicator at " + std::to_string(i));
+        expect_window(c, true, "after the shrink");
+      },
+      options({1}));
+}
+
 }  // namespace device_test_device_cuda_ipc
