@@ -190,6 +190,10 @@ class Sgd {
     }
   }
 
+  /// The momentum buffer (torch's momentum_buffer), in parameters() order: the optimiser's state
+  /// that a rank joining a running job receives with the weights.
+  std::span<float> velocity() { return velocity_; }
+
  private:
   float lr_, momentum_, weight_decay_;
   std::vector<float> velocity_;
