@@ -67,9 +67,11 @@ class Channel : public algo::BlockingSteps<Channel> {
 
  private:
   void check_lane(int peer, int lane, const char* op) const {
-    if (lane < 0 || lane >= kMaxLanes)
-      throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, op},
-                  "sim: lane " + std::to_string(lane) + " is outside 0.." + std::to_string(kMaxLanes - 1));
+    if (lane < 0 || lane >= kMaxLanes) bad_lane(peer, lane, op);
+  }
+  [[noreturn, gnu::noinline, gnu::cold]] void bad_lane(int peer, int lane, const char* op) const {
+    throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, op},
+                "sim: lane " + std::to_string(lane) + " is outside 0.." + std::to_string(kMaxLanes - 1));
   }
 
   Engine& e_;

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,22 +77,26 @@ struct Layout {
 /// the kernel gives them, so that switching among thousands of ranks does not miss the TLB on
 /// every switch. No guard pages (they would split the huge pages): after each run the engine
 /// measures how deep each stack went (the mapping starts zeroed) and fails the run when one came
-/// within kMargin of its end.
+/// within kMargin of its end. Stacks start kColor bytes apart beyond their size: with a stride of
+/// a power of two, the hot top lines of every stack would share a few cache sets (at 4,096 ranks
+/// of 32 KiB, 64 sets of the L3 for 4,096 lines each), and every fiber switch would miss.
 class Stacks {
  public:
   static constexpr std::size_t kMargin = 4096;
+  static constexpr std::size_t kColor = 5 * 64;  ///< an odd number of cache lines
 
-  Stacks(int n, std::size_t bytes) : n_(static_cast<std::size_t>(n)), bytes_((bytes + 4095) / 4096 * 4096) {
-    base_ = static_cast<std::byte*>(::mmap(nullptr, n_ * bytes_, PROT_READ | PROT_WRITE,
+  Stacks(int n, std::size_t bytes)
+      : n_(static_cast<std::size_t>(n)), bytes_((bytes + 4095) / 4096 * 4096), stride_(bytes_ + kColor) {
+    base_ = static_cast<std::byte*>(::mmap(nullptr, n_ * stride_, PROT_READ | PROT_WRITE,
                                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
     if (base_ == MAP_FAILED)
       throw Error(ErrorCode::system, "sim: mapping " + std::to_string(n_) + " fiber stacks of " + std::to_string(bytes_) +
                                          " bytes failed: " + std::strerror(errno));
 #ifdef MADV_HUGEPAGE
-    (void)::madvise(base_, n_ * bytes_, MADV_HUGEPAGE);
+    (void)::madvise(base_, n_ * stride_, MADV_HUGEPAGE);
 #endif
   }
-  ~Stacks() { ::munmap(base_, n_ * bytes_); }
+  ~Stacks() { ::munmap(base_, n_ * stride_); }
   Stacks(const Stacks&) = delete;
   Stacks& operator=(const Stacks&) = delete;
 
@@ -107,13 +112,13 @@ class Stacks {
     }
     void deallocate(boost::context::stack_context&) noexcept {}
   };
-  Slot stack(int r) { return Slot{base_ + static_cast<std::size_t>(r) * bytes_, bytes_}; }
+  Slot stack(int r) { return Slot{base_ + static_cast<std::size_t>(r) * stride_, bytes_}; }
 
   /// The deepest any stack has gone, in bytes (the lowest byte written, from the top).
   std::size_t high_water() const {
     std::size_t deepest = 0;
     for (std::size_t r = 0; r < n_; ++r) {
-      const auto* low = reinterpret_cast<const std::uint64_t*>(base_ + r * bytes_);
+      const auto* low = reinterpret_cast<const std::uint64_t*>(base_ + r * stride_);
       std::size_t i = 0;
       const std::size_t words = bytes_ / 8;
       while (i < words && low[i] == 0) ++i;
@@ -124,7 +129,7 @@ class Stacks {
   std::size_t bytes() const { return bytes_; }
 
  private:
-  std::size_t n_, bytes_;
+  std::size_t n_, bytes_, stride_;
   std::byte* base_;
 };
 
@@ -138,12 +143,13 @@ class Engine {
       throw Error(ErrorCode::invalid_argument, "sim: a layout needs at least one host of one rank");
     const auto n = static_cast<std::size_t>(layout.ranks());
     ranks_.resize(n);
+    host_.resize(n);
+    for (std::size_t r = 0; r < n; ++r) host_[r] = layout.host_of(static_cast<int>(r));
     intra_tx_.resize(n);
     intra_rx_.resize(n);
     const std::size_t nics = m_.nic_per_rank ? n : static_cast<std::size_t>(layout.hosts);
     nic_tx_.resize(nics);
     nic_rx_.resize(nics);
-    pairs_.resize(n);
     done_send_ = std::allocate_shared<SimRequest>(PoolAlloc<SimRequest>(&pool_), -1, -1, "send", 0, 0);
     done_send_->complete(0);
     driver_ = std::make_shared<Poller>(*this);
@@ -201,6 +207,9 @@ class Engine {
       head_ = 0;
       if (error_ || queue_.empty()) break;
       const Event e = queue_.pop();
+      // The next event's message, fetched while this one fires.
+      if (!queue_.empty())
+        if (const Msg* next = queue_.top().msg) __builtin_prefetch(next), __builtin_prefetch(reinterpret_cast<const char*>(next) + 64);
       now_ = e.t;
       fire(e);
     }
@@ -229,7 +238,7 @@ class Engine {
 
   // ---- what sim::Channel calls, on the fiber of rank `me` ----------------------------------------
 
-  bool same_host(int a, int b) const { return layout_.host_of(a) == layout_.host_of(b); }
+  bool same_host(int a, int b) const { return host_[static_cast<std::size_t>(a)] == host_[static_cast<std::size_t>(b)]; }
   const LinkClass& link(int a, int b) const { return same_host(a, b) ? m_.intra : m_.inter; }
 
   Request isend(int me, int peer, std::size_t bytes, int lane) {
@@ -303,6 +312,7 @@ class Engine {
     bool rendezvous = false, has_send = false, has_recv = false, header = false;
     double posted_at = 0, delivered_at = 0, tx_start = 0, tx_end = 0;
     std::shared_ptr<SimRequest> send, recv;
+    Msg* next = nullptr;  ///< the next of its Pair's queue
   };
 
   struct Event {
@@ -320,6 +330,7 @@ class Engine {
     static constexpr int kSlotBits = 24;
     bool empty() const { return heap_.empty(); }
     double top_time() const { return heap_.front().t; }
+    const Event& top() const { return slots_[heap_.front().seq_slot & ((1u << kSlotBits) - 1)]; }
     void clear() {
       heap_.clear();
       slots_.clear();
@@ -385,28 +396,54 @@ class Engine {
     std::uint64_t seq_ = 0;
   };
 
-  struct Rank {
+  /// The operations in flight between a receiver and one sender on one lane, not yet paired:
+  /// sends waiting for their receives, or receives for their sends (never both), oldest first,
+  /// linked through Msg::next.
+  struct Pair {
+    int peer = -1, lane = 0;
+    bool sends = false;  ///< what the queue holds
+    Msg *head = nullptr, *tail = nullptr;
+  };
+
+  /// A rank's state, in one cache-line-aligned block with its first kInlinePairs pairs (a ring
+  /// has one per receiver): a message touches its sender's and its receiver's block, not
+  /// separate allocations of each.
+  static constexpr int kInlinePairs = 2;
+  struct alignas(64) Rank {
     boost::context::fiber self, back;
     double clock = 0;
     SimRequest* waiting = nullptr;
+    void* sp = nullptr;  ///< where its fiber stopped last (suspend's frame)
     bool finished = false;
+    int npairs = 0;  ///< pairs in use: the inline ones first, then `more`
+    Pair pairs[kInlinePairs];
+    std::vector<Pair> more;
   };
 
-  /// The operations in flight between a receiver and one sender on one lane, not yet paired:
-  /// sends waiting for their receives, or receives for their sends (never both).
-  struct Pair {
-    int peer, lane;
-    bool sends;  ///< what `wait` holds
-    std::vector<Msg*> wait;
-    std::size_t head = 0;
-  };
-
-  /// A free list for the engine's requests (allocate_shared: object and control block in one).
+  /// A free list for the engine's requests (allocate_shared: object and control block in one),
+  /// carved from mappings of kChunk bytes with transparent huge pages: thousands of ranks keep
+  /// a request each in flight, and on small pages each would cost a TLB miss.
   struct Pool {
+    static constexpr std::size_t kChunk = std::size_t(2) << 20;
     std::vector<void*> free;
-    std::size_t size = 0;
+    std::vector<void*> chunks;
+    std::size_t size = 0, carved = kChunk;  ///< block size; bytes used of the last chunk
+    void* carve() {
+      if (carved + size > kChunk) {
+        void* c = ::mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (c == MAP_FAILED) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+        (void)::madvise(c, kChunk, MADV_HUGEPAGE);
+#endif
+        chunks.push_back(c);
+        carved = 0;
+      }
+      void* p = static_cast<std::byte*>(chunks.back()) + carved;
+      carved += size;
+      return p;
+    }
     ~Pool() {
-      for (void* p : free) ::operator delete(p);
+      for (void* c : chunks) ::munmap(c, kChunk);
     }
   };
   template <class T>
@@ -416,18 +453,18 @@ class Engine {
     explicit PoolAlloc(Pool* p) : pool(p) {}
     template <class U>
     PoolAlloc(const PoolAlloc<U>& o) : pool(o.pool) {}
+    static std::size_t rounded(std::size_t b) { return (b + alignof(std::max_align_t) - 1) / alignof(std::max_align_t) * alignof(std::max_align_t); }
     T* allocate(std::size_t n) {
-      const std::size_t b = n * sizeof(T);
+      const std::size_t b = rounded(n * sizeof(T));
       if (pool->size == 0) pool->size = b;
-      if (b == pool->size && !pool->free.empty()) {
-        void* p = pool->free.back();
-        pool->free.pop_back();
-        return static_cast<T*>(p);
-      }
-      return static_cast<T*>(::operator new(b));
+      if (b != pool->size) return static_cast<T*>(::operator new(b));
+      if (pool->free.empty()) return static_cast<T*>(pool->carve());
+      void* p = pool->free.back();
+      pool->free.pop_back();
+      return static_cast<T*>(p);
     }
     void deallocate(T* p, std::size_t n) {
-      if (n * sizeof(T) == pool->size) return pool->free.push_back(p);
+      if (rounded(n * sizeof(T)) == pool->size) return pool->free.push_back(p);
       ::operator delete(p);
     }
     template <class U>
@@ -463,58 +500,77 @@ class Engine {
     queue_.clear();
     finished_ = 0;
     current_ = -1;
-    for (Rank& k : ranks_) k.clock = 0, k.waiting = nullptr, k.finished = false;
+    for (Rank& k : ranks_) {
+      k.clock = 0, k.waiting = nullptr, k.sp = nullptr, k.finished = false;
+      for (Pair& p : k.pairs) p = Pair{};
+      k.npairs = 0;
+      k.more.clear();
+    }
     for (auto* v : {&intra_tx_, &intra_rx_, &nic_tx_, &nic_rx_})
       for (Server& s : *v) s.free = 0;
-    for (auto& ps : pairs_) ps.clear();
   }
 
+  // The checks inline to a comparison; their errors are built out of line (a frame with strings
+  // in every isend would add cache lines to each rank's stack per message).
   void check_peer(int me, int peer, const char* op) const {
-    if (peer < 0 || peer >= size() || peer == me)
-      throw Error(ErrorCode::invalid_argument, ErrorContext{me, peer, op},
-                  "sim: peer " + std::to_string(peer) + " is not another rank of the " + std::to_string(size()));
+    if (peer < 0 || peer >= size() || peer == me) bad_peer(me, peer, op);
   }
-  void check_sizes(const Msg& m) {
-    if (m.bytes != m.recv_bytes)
-      throw Error(ErrorCode::mismatch, ErrorContext{m.dst, m.src, "recv lane " + std::to_string(m.lane)},
-                  "sim: a message of " + std::to_string(m.bytes) + " bytes met a receive of " +
-                      std::to_string(m.recv_bytes) + " bytes");
+  [[noreturn, gnu::noinline, gnu::cold]] void bad_peer(int me, int peer, const char* op) const {
+    throw Error(ErrorCode::invalid_argument, ErrorContext{me, peer, op},
+                "sim: peer " + std::to_string(peer) + " is not another rank of the " + std::to_string(size()));
+  }
+  void check_sizes(const Msg& m) const {
+    if (m.bytes != m.recv_bytes) bad_sizes(m);
+  }
+  [[noreturn, gnu::noinline, gnu::cold]] static void bad_sizes(const Msg& m) {
+    throw Error(ErrorCode::mismatch, ErrorContext{m.dst, m.src, "recv lane " + std::to_string(m.lane)},
+                "sim: a message of " + std::to_string(m.bytes) + " bytes met a receive of " +
+                    std::to_string(m.recv_bytes) + " bytes");
   }
 
   /// The message of the next send (send) or receive from `src` to `dst` on `lane`: the oldest
   /// unpaired one of the other side, or a new one.
   Msg* pair_up(int dst, int src, int lane, bool send) {
-    auto& list = pairs_[static_cast<std::size_t>(dst)];
-    Pair* p = nullptr;
-    for (Pair& q : list)
-      if (q.peer == src && q.lane == lane) {
-        p = &q;
-        break;
-      }
-    if (!p) {
-      list.push_back(Pair{src, lane, send, {}, 0});
-      p = &list.back();
-    }
-    if (p->head < p->wait.size() && p->sends != send) {
-      Msg* m = p->wait[p->head++];
-      if (p->head == p->wait.size()) p->wait.clear(), p->head = 0;
+    Pair* p = find_pair(ranks_[static_cast<std::size_t>(dst)], src, lane);
+    if (p->head && p->sends != send) {
+      Msg* m = p->head;
+      p->head = m->next;
+      if (!p->head) p->tail = nullptr;
+      m->next = nullptr;
       return m;
     }
     Msg* m = new_msg();
     p->sends = send;
-    p->wait.push_back(m);
+    (p->tail ? p->tail->next : p->head) = m;
+    p->tail = m;
     return m;
   }
+  Pair* find_pair(Rank& k, int src, int lane) {
+    const int inl = std::min(k.npairs, kInlinePairs);
+    for (int i = 0; i < inl; ++i)
+      if (k.pairs[i].peer == src && k.pairs[i].lane == lane) return &k.pairs[i];
+    for (Pair& q : k.more)
+      if (q.peer == src && q.lane == lane) return &q;
+    Pair* p = k.npairs < kInlinePairs ? &k.pairs[k.npairs] : &k.more.emplace_back();
+    ++k.npairs;
+    p->peer = src;
+    p->lane = lane;
+    return p;
+  }
 
+  /// Messages come from slabs of kSlab and are reused (a free list, most recent first).
+  static constexpr std::size_t kSlab = 4096;
   Msg* new_msg() {
-    if (free_msgs_.empty()) return msgs_.emplace_back(std::make_unique<Msg>()).get();
+    if (free_msgs_.empty()) {
+      slabs_.push_back(std::make_unique<Msg[]>(kSlab));
+      Msg* b = slabs_.back().get();
+      for (std::size_t i = kSlab; i-- > 0;) free_msgs_.push_back(b + i);
+    }
     Msg* m = free_msgs_.back();
     free_msgs_.pop_back();
     return m;
   }
   void free_msg(Msg* m) {
-    m->send.reset();
-    m->recv.reset();
     *m = Msg{};
     free_msgs_.push_back(m);
   }
@@ -523,11 +579,11 @@ class Engine {
 
   Server& tx(int src, int dst) {
     if (same_host(src, dst)) return intra_tx_[static_cast<std::size_t>(src)];
-    return nic_tx_[static_cast<std::size_t>(m_.nic_per_rank ? src : layout_.host_of(src))];
+    return nic_tx_[static_cast<std::size_t>(m_.nic_per_rank ? src : host_[static_cast<std::size_t>(src)])];
   }
   Server& rx(int src, int dst) {
     if (same_host(src, dst)) return intra_rx_[static_cast<std::size_t>(dst)];
-    return nic_rx_[static_cast<std::size_t>(m_.nic_per_rank ? dst : layout_.host_of(dst))];
+    return nic_rx_[static_cast<std::size_t>(m_.nic_per_rank ? dst : host_[static_cast<std::size_t>(dst)])];
   }
 
   /// The data enters the sender's tx queue now.
@@ -563,7 +619,7 @@ class Engine {
         if (arrive(m)) deliver(m);
         return;
       case Ev::deliver: deliver(m); return;
-      case Ev::wake: runnable_.push_back(e.rank); return;
+      case Ev::wake: return make_runnable(e.rank);
     }
   }
 
@@ -593,17 +649,33 @@ class Engine {
   }
 
   void complete(SimRequest& q, double t) {
+    // Its lines at once, rather than one miss after another as complete() walks them.
+    for (std::size_t i = 0; i < sizeof(SimRequest); i += 64) __builtin_prefetch(reinterpret_cast<const char*>(&q) + i, 1);
     q.t_done = t;
     q.complete(q.size);
     if (q.owner < 0) return;
     Rank& k = ranks_[static_cast<std::size_t>(q.owner)];
     if (k.waiting == &q) {
       k.waiting = nullptr;
-      runnable_.push_back(q.owner);
+      make_runnable(q.owner);
     }
   }
 
-  void suspend(Rank& k) { k.back = std::move(k.back).resume(); }
+  /// With thousands of ranks a rank's stack has left the cache by the time it runs again, and
+  /// resuming it would miss on one line after another as it returns through its frames: the
+  /// lines around where it stopped are fetched together, as soon as it is known to run.
+  void make_runnable(int r) {
+    const auto* sp = static_cast<const char*>(ranks_[static_cast<std::size_t>(r)].sp);
+    if (sp)
+      for (int i = -kPrefetchBelow; i < kPrefetchAbove; i += 64) __builtin_prefetch(sp + i, 1);
+    runnable_.push_back(r);
+  }
+  static constexpr int kPrefetchBelow = 256, kPrefetchAbove = 1024;
+
+  void suspend(Rank& k) {
+    k.sp = __builtin_frame_address(0);
+    k.back = std::move(k.back).resume();
+  }
 
   void catch_up() {
     if (current_ < 0) return;
@@ -638,13 +710,13 @@ class Engine {
   Layout layout_;
   Stacks stacks_;
   std::vector<Rank> ranks_;
+  std::vector<int> host_;  ///< per rank
   std::vector<Server> intra_tx_, intra_rx_, nic_tx_, nic_rx_;
-  std::vector<std::vector<Pair>> pairs_;  ///< per receiver
   Queue queue_;
   std::vector<int> runnable_;
   std::size_t head_ = 0;
   std::vector<Msg*> free_msgs_;
-  std::vector<std::unique_ptr<Msg>> msgs_;  ///< every message made (they are reused)
+  std::vector<std::unique_ptr<Msg[]>> slabs_;  ///< every message made (they are reused)
   Pool pool_;
   std::shared_ptr<SimRequest> done_send_;
   std::shared_ptr<Poller> driver_;
