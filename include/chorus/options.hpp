@@ -61,6 +61,12 @@ struct Options {
   /// (or, with a store every rank shares, not known to be gone) but has not called shrink yet
   /// (CHORUS_SHRINK_WAIT, seconds); 0: the timeout. A rank that has not joined by then is left out.
   std::chrono::milliseconds shrink_wait{0};
+  /// Bound on the waits of a communicator's creation (rendezvous, the transports' connections,
+  /// the layout exchange); 0: the timeout. shrink() sets it, so that a member that dies while the
+  /// shrunk communicator is made sends the others into another round soon, not at the timeout.
+  std::chrono::milliseconds setup_timeout{0};
+  /// setup_timeout where set, else the timeout.
+  std::chrono::milliseconds setup_bound() const { return setup_timeout.count() > 0 ? setup_timeout : timeout; }
 
   /// The transports `transport` may name besides "auto", and transport_disable may list: the
   /// candidates of transport/registry.hpp (hybrid/transport.hpp checks that the two agree).

@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
         need_shrink = false;
         done_rounds = 0;
+        iter = 0;  // the members failed in different rounds: every one starts the new communicator at 0
         std::printf("SHRINK_SHRUNK rank=%d new_rank=%d size=%d ms=%lld wall=%.3f\n", orig, comm.rank(), comm.size(),
                     static_cast<long long>(ms), wall());
         std::fflush(stdout);

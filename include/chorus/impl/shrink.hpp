@@ -55,6 +55,11 @@ Communicator<T> Communicator<T>::shrink(std::span<const int> exclude) {
     o.rank = static_cast<int>(std::find(a.members.begin(), a.members.end(), me) - a.members.begin());
     o.world_size = static_cast<int>(a.members.size());
     o.store = a.store;
+    // A member that dies before the new communicator is made must not hold the others for the
+    // whole timeout: the creation's waits are bounded more tightly, and a failed one starts
+    // another round.
+    o.setup_timeout = std::min<std::chrono::milliseconds>(
+        old.timeout, std::chrono::seconds(10) + std::chrono::milliseconds(5) * static_cast<int>(a.members.size()));
     try {
       Communicator c = create(std::move(o));
       c.s_->standby->keep_previous(st.standby);

@@ -353,6 +353,23 @@ class Standby {
         if (e.code() != ErrorCode::timeout) throw;
       }
     }
+    // The joined may have died since they joined: a dead one left in would hold the others when
+    // the new communicator is made. (Silence is not enough here: a slow answer is no proof.)
+    {
+      std::vector<int> others;
+      std::vector<StandbyAddress> targets;
+      for (int q = 0; q < n; ++q)
+        if (q != me && joined[static_cast<std::size_t>(q)]) {
+          others.push_back(q);
+          targets.push_back(addrs_.at(static_cast<std::size_t>(members[static_cast<std::size_t>(q)])));
+        }
+      const auto reach = probe_all(targets, token_, kProbe);
+      for (std::size_t k = 0; k < others.size(); ++k)
+        if (reach[k] == Reach::dead) {
+          joined[static_cast<std::size_t>(others[k])] = false;
+          known[static_cast<std::size_t>(others[k])] = Reach::dead;
+        }
+    }
     std::vector<int> in;
     std::string left;
     int dead = 0;

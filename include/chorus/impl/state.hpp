@@ -85,7 +85,7 @@ struct Communicator<T>::State {
       std::vector<std::string> v(static_cast<std::size_t>(n));
       for (int r = 0; r < n; ++r)
         v[static_cast<std::size_t>(r)] =
-            r == group.rank ? mine : boot.store->get("topology/" + what + "/" + std::to_string(r), boot.options.timeout);
+            r == group.rank ? mine : boot.store->get("topology/" + what + "/" + std::to_string(r), boot.options.setup_bound());
       return v;
     };
     const std::vector<std::string> ids =
@@ -111,7 +111,7 @@ struct Communicator<T>::State {
     const std::string mine = standby->address();
     if (n > 1) boot.store->set("standby/" + std::to_string(boot.rank), mine);
     for (int r = 0; r < n; ++r)
-      v[static_cast<std::size_t>(r)] = r == boot.rank ? mine : boot.store->get("standby/" + std::to_string(r), boot.options.timeout);
+      v[static_cast<std::size_t>(r)] = r == boot.rank ? mine : boot.store->get("standby/" + std::to_string(r), boot.options.setup_bound());
     standby->set_addresses(v);
   }
   exec::HostExecutor host_exec;  ///< copies, reductions and scratch of host buffers

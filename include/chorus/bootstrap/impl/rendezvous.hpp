@@ -284,16 +284,16 @@ inline Bootstrap rendezvous(Options options) {
   } else {
     std::string hex;
     try {
-      hex = store->get(prefix + "nonce", options.timeout);
+      hex = store->get(prefix + "nonce", options.setup_bound());
     } catch (const Error& e) {
       if (e.code() != ErrorCode::timeout) throw;
       throw Error(ErrorCode::timeout, ctx,
-                  "rank 0 did not publish the job nonce within " + std::to_string(options.timeout.count()) +
+                  "rank 0 did not publish the job nonce within " + std::to_string(options.setup_bound().count()) +
                       " ms: is rank 0 running with the same store, and do all ranks create communicators in the "
                       "same order? (" + e.what() + ")");
     }
     nonce = detail::nonce_from_hex(hex, ctx);
-    const std::string root_size = store->get(prefix + "world_size", options.timeout);
+    const std::string root_size = store->get(prefix + "world_size", options.setup_bound());
     if (root_size != std::to_string(size))
       throw Error(ErrorCode::mismatch, ctx,
                   "world size " + std::to_string(size) + " here but " + root_size + " on rank 0");

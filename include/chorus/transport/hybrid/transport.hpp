@@ -255,7 +255,7 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   peers[static_cast<std::size_t>(rank_)] = false;
   // Exchange PeerInfo (every rank, so the decision is the same at both ends of each pair).
   // One deadline for all peers: the whole exchange is bounded by the timeout, not each get.
-  const auto deadline = std::chrono::steady_clock::now() + b.options.timeout;
+  const auto deadline = std::chrono::steady_clock::now() + b.options.setup_bound();
   PeerInfo me{rank_, chorus::detail::host_id(ctx), {}};
   // "<disabled>\n<host>": the disabled names never hold a newline, a host id may.
   b.store->set("hybrid/host/" + std::to_string(rank_), disabled_text + "\n" + me.host);

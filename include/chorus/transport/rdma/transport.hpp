@@ -181,7 +181,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
 inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peers) {
   using detail::Clock;
   auto& e = *engine_;
-  const auto deadline = Clock::now() + b.options.timeout;
+  const auto deadline = Clock::now() + b.options.setup_bound();
   auto remaining = [&] {
     return std::max(std::chrono::milliseconds(1),
                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));

@@ -126,7 +126,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers) : Engin
 
 inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peers) {
   using detail::Clock;
-  const auto deadline = Clock::now() + b.options.timeout;
+  const auto deadline = Clock::now() + b.options.setup_bound();
   const ErrorContext ctx{rank_, -1, "shm connect"};
   const bool cma_on = detail::cma_wanted(ctx);
   auto remaining = [&] {
@@ -209,7 +209,7 @@ inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peer
         if (peers[static_cast<std::size_t>(p)] && !connected[static_cast<std::size_t>(p)])
           missing += (missing.empty() ? "" : ", ") + std::to_string(p);
       throw Error(ErrorCode::timeout, ctx,
-                  "no shm connection from ranks " + missing + " within " + std::to_string(b.options.timeout.count()) +
+                  "no shm connection from ranks " + missing + " within " + std::to_string(b.options.setup_bound().count()) +
                       " ms (CHORUS_TIMEOUT)");
     }
     detail::Fd s(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));

@@ -100,7 +100,7 @@ inline void Transport::connect_all(const Bootstrap& b) {
   using chorus::detail::asio_tcp;
   using Clock = std::chrono::steady_clock;
   auto& io = engine_->io;
-  const auto deadline = Clock::now() + b.options.timeout;
+  const auto deadline = Clock::now() + b.options.setup_bound();
   const std::string& token = b.options.job_token;
 
   // Listen on one address, an ephemeral port; publish it.
@@ -268,7 +268,7 @@ inline void Transport::connect_all(const Bootstrap& b) {
     for (int p = 0; p < size_; ++p)
       if (p != rank_ && !connected[p]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
     throw Error(ErrorCode::timeout, ErrorContext{rank_, -1, "tcp connect"},
-                "no connection from/to ranks " + missing + " within " + std::to_string(b.options.timeout.count()) +
+                "no connection from/to ranks " + missing + " within " + std::to_string(b.options.setup_bound().count()) +
                     " ms (CHORUS_TIMEOUT)");
   }
   io.restart();
