@@ -12,7 +12,8 @@
 /// simulated algorithm. size is the whole buffer as nccl-tests counts it (reduce_scatter's
 /// input, all_gather's output); algbw = size / time, busbw = algbw x the factor of bench/coll
 /// (all_reduce 2(n-1)/n, reduce_scatter and all_gather (n-1)/n, broadcast and reduce 1).
-/// At the end: wall time and peak RSS. scripts/sim-plot draws busbw against size from -J.
+/// At the end: wall time and peak RSS. scripts/sim-plot draws busbw against size from -J, whose rows
+/// also give each simulation's own cost: events, messages and `cpu_s`, the host CPU seconds it took.
 ///
 /// --jobs N: the simulations (one per size and algorithm, each independent of the others) run in
 /// N worker processes (fork; each its own engine), the largest sizes handed out first; the rows
@@ -22,6 +23,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -71,6 +73,7 @@ struct Outcome {
   double seconds = 0;
   std::int32_t finished = 0;
   std::uint64_t events = 0, messages = 0, stack = 0;
+  double cpu_s = 0;  ///< the host CPU time the simulation took (the simulator's own cost)
   char error[1024] = {};
 };
 static_assert(sizeof(Outcome) <= PIPE_BUF);
@@ -82,9 +85,16 @@ struct Task {
   chorus::algo::Choice choice;
 };
 
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 Outcome run_task(chorus::sim::Engine& e, const chorus::sim::Arena& arena, const Task& t, std::int32_t index) {
   Outcome o;
   o.task = index;
+  const double cpu0 = thread_cpu_seconds();
   try {
     const chorus::sim::Result r = chorus::sim::simulate(e, arena, t.call, t.choice);
     o.seconds = r.seconds;
@@ -95,6 +105,7 @@ Outcome run_task(chorus::sim::Engine& e, const chorus::sim::Arena& arena, const 
     std::snprintf(o.error, sizeof o.error, "%s", x.what());
   }
   o.stack = e.stack_high_water();
+  o.cpu_s = thread_cpu_seconds() - cpu0;
   return o;
 }
 
@@ -365,7 +376,7 @@ int main(int argc, char** argv) {
           out["rows"].push_back({{"size", en.total}, {"count", en.count}, {"type", dtype_name}, {"redop", "sum"},
                                  {"algorithm", t.cand.name()}, {"time_us", us}, {"algbw", algbw}, {"busbw", busbw},
                                  {"model_pick", is_pick}, {"events", r.events}, {"messages", r.messages},
-                                 {"ranks_finished", r.finished}});
+                                 {"ranks_finished", r.finished}, {"cpu_s", r.cpu_s}});
           if (r.seconds < best) best = r.seconds, best_name = t.cand.name();
           if (is_pick) picked = r.seconds;
         }
