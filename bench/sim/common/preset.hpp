@@ -10,9 +10,9 @@
 ///     "nic_per_rank": false, "reduce_GBps": 10, "copy_GBps": 10,
 ///     "cache_bytes": 33554432, "cached_speedup": 2, "cached_intra_speedup": 1.5, "cores": 2,
 ///     "hosts_share_cores": false,
-///     "wake_us": 5 }
+///     "wake_us": 5, "core_queues": false }
 ///
-/// The last six (the host: sim/network.hpp) are optional; left out, a call has no cache tier and
+/// The last seven (the host: sim/network.hpp) are optional; left out, a call has no cache tier and
 /// every rank its own core.
 ///
 /// GBps is 1e9 bytes/s; "bandwidth_Gbitps" may stand for "bandwidth_GBps" (1e9 bits/s).
@@ -48,7 +48,7 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
     return o.at(key).get<double>();
   };
   known(j, {"name", "source", "notes", "intra", "inter", "nic_per_rank", "reduce_GBps", "copy_GBps",
-             "cache_bytes", "cached_speedup", "cached_intra_speedup", "cores", "hosts_share_cores", "wake_us"}, "");
+             "cache_bytes", "cached_speedup", "cached_intra_speedup", "cores", "hosts_share_cores", "wake_us", "core_queues"}, "");
   chorus::sim::NetworkModel m;
   m.name = j.value("name", path);
   m.source = j.value("source", "");
@@ -80,6 +80,7 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
   m.cores = optional("cores", 0);
   m.hosts_share_cores = j.value("hosts_share_cores", false);
   m.wake = optional("wake_us", 0) * 1e-6;
+  m.core_queues = j.value("core_queues", false);
   m.check();
   return m;
 }

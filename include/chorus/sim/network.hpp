@@ -35,7 +35,12 @@
 /// * CPU sharing: with more ranks than `cores` (per host, or on the whole machine where
 ///   `hosts_share_cores`: namespace hosts on one machine), the ranks' CPU work (per-message
 ///   overheads, copies, reductions) is slowed by ranks / cores, and every message waits
-///   `wake` more for its receiver to get a core.
+///   `wake` more for its receiver to get a core;
+/// * with `core_queues` (optional), copies and reductions are not slowed by ranks / cores but
+///   queue for the `cores` cores instead (sim/executor.hpp, CoreQueues): a rank's compute takes
+///   the first free core from its clock on, at the full rate, so that ranks that wait (a tree's
+///   leaves while its inner nodes reduce) leave their core to the ranks that compute. Per-message
+///   overheads and `wake` stay as above.
 
 #include <cstddef>
 #include <string>
@@ -68,6 +73,12 @@ struct NetworkModel {
   double cores = 0;              ///< cores per host (or per machine, hosts_share_cores); 0: one per rank
   bool hosts_share_cores = false;///< every host's ranks share the same `cores` (and the same cache)
   double wake = 0;               ///< seconds a message waits for its receiver's core, with more ranks than cores
+  bool core_queues = false;      ///< copies and reductions queue for the cores instead of a flat slowdown
+
+  /// The ranks that share one pool of `cores` (a host's, or every rank with hosts_share_cores).
+  double sharing(int hosts, int local) const { return static_cast<double>(hosts_share_cores ? hosts * local : local); }
+  /// Whether copies and reductions of this layout queue for cores (sim::CoreQueues).
+  bool queues_for_cores(int hosts, int local) const { return core_queues && cores > 0 && sharing(hosts, local) > cores; }
 
   /// Throws invalid_argument naming the first parameter that is not usable.
   void check() const {
@@ -92,7 +103,7 @@ struct NetworkModel {
   /// the memory tier and the CPU sharing above folded into the rates, overheads and latencies.
   NetworkModel effective(int hosts, int local, std::size_t call_bytes) const {
     NetworkModel m = *this;
-    const double sharing = static_cast<double>(hosts_share_cores ? hosts * local : local);
+    const double sharing = this->sharing(hosts, local);
     if (cache_bytes > 0 && static_cast<double>(call_bytes) * sharing <= static_cast<double>(cache_bytes)) {
       m.intra.bandwidth *= cached_intra_speedup;
       m.copy_rate *= cached_speedup;
@@ -104,8 +115,10 @@ struct NetworkModel {
         c->overhead *= slow;
         c->latency += wake;
       }
-      m.copy_rate /= slow;
-      m.reduce_rate /= slow;
+      if (!core_queues) {
+        m.copy_rate /= slow;
+        m.reduce_rate /= slow;
+      }
     }
     return m;
   }
