@@ -28,6 +28,9 @@
 //   RANK=r WORLD_SIZE=4 MASTER_ADDR=h MASTER_PORT=p 02_train_fashion_mnist --elastic --join-file j
 //   02_train_fashion_mnist --elastic --join --join-file j     # later: a replacement
 //
+// For tests, --kill-rank R --kill-epoch E --kill-step S makes rank R SIGKILL itself before step S
+// of epoch E (as examples/03_torch_elastic does): a fault at the same place in every run.
+//
 // The defaults match a PyTorch DDP run of the same model one for one (docs/sgd.md): MLP
 // 784-256-128-10, SGD lr 0.05 momentum 0.9, batch 64 per rank, pixels scaled to [0, 1] then
 // normalised with Fashion-MNIST's mean 0.2860 and standard deviation 0.3530.
@@ -39,6 +42,8 @@
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <bit>
@@ -76,6 +81,9 @@ struct Config {
   bool elastic = false;    ///< go on after a rank fails, admit joiners at epoch ends
   std::string join_file;   ///< where rank 0 writes the join address (elastic), or the joiner reads it
   bool join = false;       ///< this process is a replacement joining a running job
+  int kill_rank = -1;      ///< for tests: this rank SIGKILLs itself (as 03_torch_elastic's --kill-rank)
+  int kill_epoch = 0;      ///< ... in this epoch (from 1)
+  std::size_t kill_step = 0;  ///< ... before this step (from 0)
 };
 
 constexpr float kMean = 0.2860f, kStd = 0.3530f;
@@ -188,6 +196,7 @@ class Trainer {
   /// epoch, the weights and the momentum from rank 0. Returns the exit status.
   int run(bool joined) {
     int first_epoch = 1;
+    may_kill_ = !joined;
     if (joined) {
       first_epoch = receive_admission();
     } else {
@@ -304,6 +313,11 @@ class Trainer {
   /// Steps [step, steps_) of the epoch; `step` counts the completed ones (also when one throws).
   void train_steps(int epoch, std::size_t& step, EpochSums& sums) {
     for (; step < steps_; ++step) {
+      if (comm_.rank() == cfg_.kill_rank && epoch == cfg_.kill_epoch && step == cfg_.kill_step && may_kill_) {
+        std::printf("rank %d kills itself (SIGKILL) before step %zu of epoch %d (--kill-rank)\n", comm_.rank(), step, epoch);
+        std::fflush(stdout);
+        std::raise(SIGKILL);
+      }
       const auto t0 = Clock::now();
       const std::size_t b = step * batch(), e = std::min(b + batch(), idx_.size());
       make_batch(train_, idx_, b, e, x_, y_);
@@ -365,6 +379,7 @@ class Trainer {
     const int before = comm_.size();
     std::optional<Comm> bigger = comm_.grow();
     if (!bigger) return;
+    may_kill_ = false;
     sync_.reset();
     comm_ = std::move(*bigger);
     std::vector<std::int64_t> job = job_header(epoch + 1);
@@ -420,6 +435,7 @@ class Trainer {
     const auto t0 = Clock::now();
     Recovery out;
     out.old_size = comm_.size();
+    may_kill_ = false;
     std::vector<float> saved;
     for (;;) {
       const int old_rank = comm_.rank(), old_size = comm_.size();
@@ -482,6 +498,7 @@ class Trainer {
   std::vector<std::size_t> idx_;  ///< this rank's samples of the epoch
   std::size_t steps_ = 0;         ///< steps of the epoch at the current world size
   int epochs_;  ///< a joiner takes the job's
+  bool may_kill_ = false;  ///< --kill-rank: on the starting communicator only (not a joiner, not after a change)
   double final_accuracy_ = 0;
   mlp::Matrix x_;
   std::vector<std::uint8_t> y_;
@@ -521,6 +538,9 @@ int main(int argc, char** argv) {
                         ->needs(elastic);
   app.add_flag("--join", cfg.join, "join a running --elastic job as a replacement (at its next epoch end)")
       ->needs(join_file);
+  auto* kill_rank = app.add_option("--kill-rank", cfg.kill_rank, "for tests: this rank SIGKILLs itself, in --kill-epoch before --kill-step");
+  app.add_option("--kill-epoch", cfg.kill_epoch, "for tests: the epoch of --kill-rank (from 1)")->needs(kill_rank);
+  app.add_option("--kill-step", cfg.kill_step, "for tests: the step of --kill-rank (from 0)")->needs(kill_rank)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::erase(cfg.hidden, 0);
   if (std::any_of(cfg.hidden.begin(), cfg.hidden.end(), [](int h) { return h < 0; })) {

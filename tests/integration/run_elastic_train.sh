@@ -6,8 +6,8 @@
 # (default 5), seed 0, run twice:
 #
 #   undisturbed   the four ranks train to the end;
-#   disturbed     rank 3 is SIGKILLed during epoch 2 (a second after rank 0 printed epoch 1's
-#                 line; rank 0's "epoch 2: rank 3 lost" line proves where it landed), the
+#   disturbed     rank 3 SIGKILLs itself before step 100 of epoch 2 (--kill-rank 3 --kill-epoch 2
+#                 --kill-step 100: the same place in every run, so the run's result is too), the
 #                 survivors shrink to 3 ranks and go on; once rank 0 printed epoch 2's line, a
 #                 replacement (--join --join-file) starts on host-b, in its namespaces, and the
 #                 job admits it at the end of epoch 3 or 4 ("1 rank joined: 4 ranks").
@@ -61,14 +61,14 @@ unshare --uts --mount --propagation private sh -c 'mount -t tmpfs tmpfs /dev/shm
 args="--epochs $epochs --seed 0 --no-progress --elastic"   # the same for every rank and the replacement
 export CHORUS_TIMEOUT=60   # every wait of a rank (and the replacement's admission) is bounded by it
 
-# start_host <run folder> <ns> <host name> <master port> <ranks...>: one process per host, in the
+# start_host <run folder> <ns> <host name> <master port> <arguments> <ranks...>: one process per host, in the
 # host's network namespace with its own UTS (host name) and mount namespace (a private /dev/shm),
 # that starts the host's ranks (they share its namespaces, as processes of one machine do),
 # writes each one's exit status to rank<r>.rc, and stays (so that a replacement can enter its
 # namespaces) until the run's folder has a file "release"; then it lists what is left in its
 # /dev/shm. The master port is fixed: the network namespaces are this test's own.
 start_host() {
-  local dir=$1 ns=$2 name=$3 port=$4; shift 4
+  local dir=$1 ns=$2 name=$3 port=$4 rank_args=$5; shift 5
   ip netns exec "$ns" unshare --uts --mount --propagation private bash -c '
     hostname "$1"; mount -t tmpfs -o size=256m tmpfs /dev/shm || exit 1
     name=$1 dir=$2 program=$3 addr=$4 port=$5 args=$6; shift 6
@@ -82,17 +82,17 @@ start_host() {
     i=0
     for r in "$@"; do wait "${rank_pids[i]}"; echo $? >"$dir/rank$r.rc"; i=$((i + 1)); done
     for _ in $(seq 3000); do [[ -e $dir/release ]] && break; sleep 0.1; done
-    ls -A /dev/shm >"$dir/shm_$name"' host "$name" "$dir" "$program" "$addr_a" "$port" "$args" "$@" \
+    ls -A /dev/shm >"$dir/shm_$name"' host "$name" "$dir" "$program" "$addr_a" "$port" "$rank_args" "$@" \
     2>"$dir/host_$name.err" &
   echo $! >"$dir/host_$name.pid"
   pids+=($!)
 }
 
-# start_run <name> <master port>: the 4 ranks of a run, output in $work/<name>.
+# start_run <name> <master port> [more arguments]: the 4 ranks of a run, output in $work/<name>.
 start_run() {
   mkdir -p "$work/$1"
-  start_host "$work/$1" "$ns_a" host-a "$2" 0 1
-  start_host "$work/$1" "$ns_b" host-b "$2" 2 3
+  start_host "$work/$1" "$ns_a" host-a "$2" "$args ${3:-}" 0 1
+  start_host "$work/$1" "$ns_b" host-b "$2" "$args ${3:-}" 2 3
 }
 
 # wait_line <file> <regex> <seconds>: until the file has a matching line (bounded).
@@ -174,13 +174,13 @@ grep -E '^(02_train|epoch|gradient)' "$work/undisturbed/rank0.out" | sed 's/^/  
 # 2. Disturbed: rank 3 SIGKILLed in epoch 2, a replacement started in epoch 3.
 t0=$SECONDS
 dir=$work/disturbed
-start_run disturbed 29501
-if ! wait_line "$dir/rank0.out" "^epoch +1/$epochs " 60; then
-  fail "disturbed: no epoch 1 line within 60 s"
+kill_args="--kill-rank 3 --kill-epoch 2 --kill-step 100"
+start_run disturbed 29501 "$kill_args"
+echo "disturbed: the ranks with $kill_args"
+if ! wait_line "$dir/rank3.out" "kills itself" 60; then
+  fail "disturbed: rank 3 did not kill itself within 60 s"
 else
-  sleep 1   # into epoch 2 (it takes seconds); rank 0's "epoch 2: rank 3 lost" line checks it
-  kill -9 "$(cat "$dir/rank3.pid")"
-  echo "disturbed: rank 3 SIGKILLed $((SECONDS - t0)) s after the start"
+  echo "disturbed: rank 3 SIGKILLed itself $((SECONDS - t0)) s after the start: $(grep -m1 'kills itself' "$dir/rank3.out")"
   if ! wait_line "$dir/rank0.out" "^epoch +2/$epochs " 60; then
     fail "disturbed: no epoch 2 line within 60 s of the kill"
   else
