@@ -16,8 +16,8 @@
 //      itself means this rank cannot reach the real leader: it is cut off, and fails), writes
 //      "join/<rank>" and waits for "decision"; a leader that dies meanwhile (the connection
 //      breaks) is counted gone and step 1 starts again without it.
-//   3. the leader waits until every rank above it has joined or is gone (re-probed every
-//      0.5 s: refused, or no answer twice), bounded by Options::shrink_wait for ranks that are
+//   3. the leader waits until every rank above it has joined or is gone (probed after 0.1 s,
+//      then every 0.5 s: refused, or no answer within 1 s), bounded by Options::shrink_wait for ranks that are
 //      alive and reachable but do not join; then it decides. The survivors must be a majority of
 //      the ranks not known to be dead (a refused probe is proof of death; silence is not), so the
 //      two sides of a cut network never both go on: the smaller one fails with peer_failure.
@@ -77,8 +77,10 @@ struct StandbyAddress {
   }
 };
 
-/// Connects to every target at once and completes the store handshake (so the standby logs a
-/// client that came and left, not a refused one); each result within `limit`.
+/// Connects to every target at once, each within `limit`: connected is alive and reachable, a
+/// refused connection a dead process, no answer (SYN unanswered past a retransmission) an
+/// unreachable one. Then completes the store handshake, so that the standby logs a client that
+/// came and left, not a refused one.
 inline std::vector<Reach> probe_all(const std::vector<StandbyAddress>& targets, const std::string& token,
                                     std::chrono::milliseconds limit) {
   std::vector<Reach> out(targets.size(), Reach::unreachable);
@@ -100,13 +102,14 @@ inline std::vector<Reach> probe_all(const std::vector<StandbyAddress>& targets, 
             out[i] = ec == asio::error::connection_refused ? Reach::dead : Reach::unreachable;
             co_return;
           }
+          // The kernel accepted: the process holds its listening socket, and the network
+          // carries. The handshake only lets the standby log a client that came and left.
+          out[i] = Reach::ok;
           Hello hello;
           hello.kind = kHandshakeStore;
           try {
             co_await handshake_connect(s, hello, token);
-            out[i] = Reach::ok;
           } catch (const std::exception&) {
-            out[i] = Reach::unreachable;  // closed by the timer, or the process is going away
           }
         },
         [&](std::exception_ptr) {
@@ -317,7 +320,6 @@ class Standby {
     Store& store = *server_;
     store.set(prefix + "leader", std::to_string(me));
     const auto deadline = Clock::now() + wait;
-    std::vector<int> misses(static_cast<std::size_t>(n), 0);
     std::vector<bool> joined(static_cast<std::size_t>(n), false);
     joined[static_cast<std::size_t>(me)] = true;
     auto next_probe = Clock::now() + std::chrono::milliseconds(100);  // the joins that come at once first
@@ -340,8 +342,7 @@ class Standby {
         for (std::size_t k = 0; k < pending.size(); ++k) {
           const auto i = static_cast<std::size_t>(pending[k]);
           if (reach[k] == Reach::dead) known[i] = Reach::dead;
-          if (reach[k] == Reach::unreachable && ++misses[i] >= 2) known[i] = Reach::unreachable;
-          if (reach[k] == Reach::ok) misses[i] = 0;
+          if (reach[k] == Reach::unreachable) known[i] = Reach::unreachable;
         }
         next_probe = Clock::now() + std::chrono::milliseconds(500);
         continue;
