@@ -12,10 +12,11 @@ run() {
 }
 
 # The rdma transport's tests on the real device (no fake: CHORUS_TEST_RDMA_REAL=1), the collective
-# matrix at 2 and 3 ranks among them; the fault injections need the fake and stay out.
+# matrix at 2 and 3 ranks among them, and a shrink after a kill; the fault injections need the fake
+# and stay out.
 section "rdma transport tests"
 run env CHORUS_TEST_RDMA_REAL=1 "$B/tests/rdma/rdma_tests" --no-intro \
-  -tc='rdma: messages*,rdma: many*,rdma: large*,rdma: a receive*,rdma: transport=*,rdma: every collective dtype and op at world 2,rdma: every collective dtype and op at world 3'
+  -tc='rdma: messages*,rdma: many*,rdma: large*,rdma: a receive*,rdma: transport=*,rdma: every collective dtype and op at world 2,rdma: every collective dtype and op at world 3,rdma: the survivors*'
 
 # perftest: a server in the background, the client against it; the client retries while the
 # server is not listening yet (bounded). A pair that fails once it ran (under emulation perftest's
