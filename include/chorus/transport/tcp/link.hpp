@@ -169,6 +169,7 @@ class Link {
         requests_(rank, peer, timeout, std::move(driver)),
         token_(token) {
     for (int i = 1; i < streams; ++i) extra_.push_back(std::make_unique<Stream>(io, i));
+    batch_.reserve(2 * kMaxBatch);  // a header and a payload per frame: a write never grows it
   }
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
