@@ -10,9 +10,12 @@
 /// | eager | tag, size          | size B  | a small message (size <= Policy::kEagerBytes)        |
 /// | rts   | tag, size, id      | none    | "ready to send" a large message                      |
 /// | cts   | id, size, flags    | none    | "clear to send": the receive is posted (or rejected) |
-/// | data  | id, size           | size B  | the large message, straight into the posted buffer   |
+/// | data  | id, size           | size B  | a slice of the large message, straight into the      |
+/// |       |                    |         | posted buffer behind the slices before it            |
 /// Large messages therefore never need a buffer on the receiver: memory stays bounded whatever
-/// the message size. Unexpected eager messages are buffered up to Policy::kMaxUnexpectedBytes;
+/// the message size. A large message goes out as data frames of at most Policy::kDataFrameBytes,
+/// in order; the control and eager frames queued meanwhile go out between two slices, so a
+/// clear-to-send never waits behind a long message going the other way (see Link::enqueue). Unexpected eager messages are buffered up to Policy::kMaxUnexpectedBytes;
 /// past that the link stops reading (TCP flow control holds the sender) until receives drain it.
 /// Every header from the network is checked (type, sizes, ids) before it is used; a bad one
 /// breaks the link with peer_failure.
@@ -82,6 +85,12 @@ struct Policy {
   static constexpr std::size_t kWriteBytesPerCall = 256u << 10;
   /// The most one recvmsg asks for (it takes what the socket buffer holds, up to this).
   static constexpr std::size_t kReadBytesPerCall = 64u << 20;
+  /// The largest data frame: a longer message goes as slices of this size. A control frame
+  /// queued behind a message waits for at most one slice (8 ms at 1 Gbit/s), where it waited for
+  /// the whole message: two ranks exchanging 64 MiB, the later one's clear-to-send waited behind
+  /// the earlier one's data, and the two directions took turns instead of overlapping (recursive
+  /// doubling between namespace hosts at 1 Gbit/s: docs/transports.md has the figures).
+  static constexpr std::size_t kDataFrameBytes = 1u << 20;
 };
 
 namespace detail {
@@ -151,6 +160,7 @@ inline std::pair<std::uint64_t, std::uint64_t> stripe_piece(std::uint64_t size, 
 struct ActiveRecv {
   RecvOp op;
   int pieces_left = 1;
+  std::uint64_t received = 0;  ///< bytes of the slices announced so far (unstriped messages)
 };
 
 }  // namespace detail
@@ -314,6 +324,8 @@ class Link {
   void send_striped(const PendingSend& s, std::uint64_t id);
   /// A piece of striped send `id` is written; the last one completes the send.
   void piece_sent(std::uint64_t id);
+  /// The peer cleared `s` (message `id`, unstriped) to send: its data frames, a slice each.
+  void send_sliced(const PendingSend& s, std::uint64_t id);
   /// A piece of striped receive `id` is in; the last one completes the receive.
   void piece_received(std::uint64_t id);
   void write_stream(Stream& s);

@@ -145,6 +145,8 @@ inline void Link::on_header() {
         s.req->fail(ErrorCode::mismatch, detail::size_mismatch(s.data.size, h.size));
       else if (striped(s.data.size))
         send_striped(s, h.id);
+      else if (s.data.size > Policy::kDataFrameBytes)
+        send_sliced(s, h.id);
       else
         enqueue({{static_cast<std::uint32_t>(detail::FrameType::data), 0, 0, s.data.size, h.id}, s.data, s.req});
       return read_header();
@@ -158,12 +160,21 @@ inline void Link::on_header() {
         if (h.size != len) return protocol_error(piece_size_problem(h, 0, len));
         return read_payload({it->second.op.dst.data + off, len}, [this, id = h.id] { piece_received(id); });
       }
-      if (it->second.op.dst.size != h.size) return protocol_error("data frame size differs from its announcement");
-      detail::RecvOp r = std::move(it->second.op);
+      // The next slice, behind those before it: every slice but the last is a whole
+      // Policy::kDataFrameBytes (a message of at most that is one frame).
+      auto& a = it->second;
+      const std::uint64_t left = a.op.dst.size - a.received;
+      if (h.size != std::min<std::uint64_t>(left, Policy::kDataFrameBytes))
+        return protocol_error("data frame of " + std::to_string(h.size) + " bytes for message " + std::to_string(h.id) +
+                              " of " + std::to_string(a.op.dst.size) + " bytes, " + std::to_string(left) + " of them to come");
+      MutableBytes dst{a.op.dst.data + a.received, static_cast<std::size_t>(h.size), a.op.dst.kind};
+      a.received += h.size;
+      // A slice before the last: the receive stays in active_recv_, which fail() fails.
+      if (a.received != a.op.dst.size) return read_payload(dst, [] {});
+      detail::RecvOp r = std::move(a.op);
       active_recv_.erase(it);
-      MutableBytes dst = r.dst;
       auto req = r.req;
-      return read_payload(dst, [r = std::move(r), size = h.size] { r.req->complete(size); }, std::move(req));
+      return read_payload(dst, [r = std::move(r)] { r.req->complete(r.dst.size); }, std::move(req));
     }
   }
 }

@@ -34,6 +34,20 @@ inline void Link::enqueue(detail::OutFrame f) {
       return;
     }
   }
+  // A control or eager frame goes ahead of the data frames queued at the back (not of those being
+  // written, nor of one partly written): eager and rts frames keep their order among themselves,
+  // which is what matching needs, and a clear-to-send leaves within one slice of a long message.
+  if (static_cast<detail::FrameType>(f.h.type) != detail::FrameType::data) {
+    std::size_t keep = writing_ ? batch_frames_ : 0;
+    if (keep == 0 && !write_queue_.empty() && write_queue_.front().sent != 0) keep = 1;
+    std::size_t at = write_queue_.size();
+    while (at > keep && static_cast<detail::FrameType>(write_queue_[at - 1].h.type) == detail::FrameType::data) --at;
+    if (at != write_queue_.size()) {
+      if (write_queue_.full()) write_queue_.set_capacity(std::max<std::size_t>(16, 2 * write_queue_.capacity()));
+      write_queue_.insert(write_queue_.begin() + static_cast<std::ptrdiff_t>(at), std::move(f));
+      return;  // data frames were queued: a write is in flight or posted
+    }
+  }
   chorus::detail::push_back_growing(write_queue_, std::move(f));
   if (writing_ || write_posted_) return;
   write_posted_ = true;
@@ -50,8 +64,11 @@ inline void Link::write_next() {
   // batch_headers_, since the queue may reallocate while more frames are appended.
   batch_.clear();
   batch_frames_ = 0;
+  std::size_t batch_bytes = 0;
   for (auto& f : write_queue_) {
-    if (batch_frames_ == kMaxBatch) break;
+    // At most about a slice per write: what is queued later may go ahead of the data behind it.
+    if (batch_frames_ == kMaxBatch || batch_bytes >= Policy::kDataFrameBytes) break;
+    batch_bytes += f.payload.size;
     batch_headers_[batch_frames_] = f.h;  // the queue may grow (and move) during the write
     // f.sent: bytes send_now() wrote already (the first frame only).
     const auto* head = reinterpret_cast<const std::byte*>(&batch_headers_[batch_frames_]);
@@ -114,6 +131,19 @@ inline void Link::send_striped(const PendingSend& s, std::uint64_t id) {
     Stream& st = *extra_[static_cast<std::size_t>(i - 1)];
     chorus::detail::push_back_growing(st.queue, std::move(f));
     write_stream(st);
+  }
+}
+
+inline void Link::send_sliced(const PendingSend& s, std::uint64_t id) {
+  const std::uint64_t slices = (s.data.size + Policy::kDataFrameBytes - 1) / Policy::kDataFrameBytes;
+  striped_sends_.emplace(id, StripedSend{s.req, s.data.size, static_cast<int>(slices)});
+  for (std::uint64_t off = 0; off < s.data.size && !failed_; off += Policy::kDataFrameBytes) {
+    const std::uint64_t len = std::min<std::uint64_t>(Policy::kDataFrameBytes, s.data.size - off);
+    enqueue({{static_cast<std::uint32_t>(detail::FrameType::data), 0, 0, len, id},
+             {s.data.data + off, static_cast<std::size_t>(len), s.data.kind},
+             nullptr,
+             0,
+             true});
   }
 }
 
