@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 /// sim.host: the host in the network model (sim/network.hpp, NetworkModel::effective): the memory
-/// tier, CPU sharing and the core queues change simulated times as they say, and leave them alone
+/// tier, CPU sharing and the core queues (of compute, and of per-message overheads) change
+/// simulated times as they say, and leave them alone
 /// where they do not apply. Reads this machine's presets (the directory is the first argument), which use them.
 /// Exit status 0 when every check passes, 1 otherwise (each failure printed).
 
@@ -106,6 +107,28 @@ int main(int argc, char** argv) {
     busy.core_queues = false;
     const double own_flat = all_reduce_us(busy, 4, 64 << 20, tree);
     check(own_tree == own_flat, "4 ranks on 4 cores: queued " + std::to_string(own_tree) + " us, as without queues");
+
+    // Overheads queued for the cores (overhead_queues), 8 ranks on 2 cores, 8 B, per-message
+    // overheads the bound: at every ring step all 8 ranks send and receive, so the ring costs
+    // about what the flat slowdown charges; a tree level keeps a few ranks busy while the others
+    // wait, so the tree is faster queued than flat. On 8 cores nothing queues.
+    sim::NetworkModel chatty = plain;
+    chatty.intra.latency = 1e-6;
+    chatty.intra.overhead = 10e-6;
+    chatty.cores = 2;
+    chatty.core_queues = true;
+    auto all_reduce_8 = [&](const sim::NetworkModel& m, chorus::algo::Algorithm a) { return all_reduce_us(m, 8, 8, a); };
+    const double oflat_ring = ring_us(chatty, 8, 8), oflat_tree = all_reduce_8(chatty, tree);
+    chatty.overhead_queues = true;
+    const double oq_ring = ring_us(chatty, 8, 8), oq_tree = all_reduce_8(chatty, tree);
+    check(std::fabs(oq_ring - oflat_ring) <= 0.15 * oflat_ring, "8 B ring, 8 ranks on 2 cores: overheads queued " +
+                                                                    std::to_string(oq_ring) + " us, flat " + std::to_string(oflat_ring) + " us");
+    check(oq_tree < 0.8 * oflat_tree, "8 B double tree, 8 ranks on 2 cores: overheads queued " + std::to_string(oq_tree) +
+                                          " us < 0.8 x flat " + std::to_string(oflat_tree) + " us");
+    chatty.cores = 8;
+    const double own_q = ring_us(chatty, 8, 8);
+    chatty.overhead_queues = chatty.core_queues = false;
+    check(own_q == ring_us(chatty, 8, 8), "8 ranks on 8 cores: overheads queued " + std::to_string(own_q) + " us, as without queues");
 
     shared.cores = -1;
     bool threw = false;

@@ -48,7 +48,7 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
     return o.at(key).get<double>();
   };
   known(j, {"name", "source", "notes", "intra", "inter", "nic_per_rank", "reduce_GBps", "copy_GBps",
-             "cache_bytes", "cached_speedup", "cached_intra_speedup", "cores", "hosts_share_cores", "wake_us", "core_queues"}, "");
+             "cache_bytes", "cached_speedup", "cached_intra_speedup", "cores", "hosts_share_cores", "wake_us", "core_queues", "overhead_queues", "control_queue_bytes"}, "");
   chorus::sim::NetworkModel m;
   m.name = j.value("name", path);
   m.source = j.value("source", "");
@@ -81,6 +81,8 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
   m.hosts_share_cores = j.value("hosts_share_cores", false);
   m.wake = optional("wake_us", 0) * 1e-6;
   m.core_queues = j.value("core_queues", false);
+  m.overhead_queues = j.value("overhead_queues", false);
+  m.control_queue_bytes = j.value("control_queue_bytes", 0.0);
   m.check();
   return m;
 }

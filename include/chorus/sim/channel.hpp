@@ -60,7 +60,7 @@ class Channel : public algo::BlockingSteps<Channel> {
     auto* q = static_cast<SimRequest*>(op.req.state().get());
     if (!q) return;
     e_.wait(rank_, *q);
-    if (op.recv) e_.charge(rank_, e_.link(op.peer, rank_).overhead);
+    if (op.recv) e_.overhead(rank_, e_.link(op.peer, rank_));
   }
   /// Nothing to complete (no descriptors in the simulator).
   void finish() {}

@@ -29,6 +29,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <new>
 #include <string>
@@ -131,6 +133,45 @@ class Stacks {
  private:
   std::size_t n_, bytes_, stride_;
   std::byte* base_;
+};
+
+/// The cores of each pool (a host, or the machine where hosts share cores) as servers of compute:
+/// each core keeps the intervals it is busy, and a piece of compute of d seconds that a rank
+/// starts at its clock t takes the core that can fit [s, s + d) earliest, s >= t (a gap between
+/// intervals booked earlier counts: ranks run in fiber order, not in virtual-time order, so a rank
+/// behind another's clock still gets the core the other left free then). Deterministic: the same
+/// order of requests gives the same intervals.
+class CoreQueues {
+ public:
+  void clear() { pools_.clear(); }
+
+  /// Books d seconds of compute on one of `cores` cores of `pool` from time t on; returns its end.
+  double run(int pool, int cores, double t, double d) {
+    if (!(d > 0)) return t;
+    auto& p = pools_[pool];
+    if (p.size() < static_cast<std::size_t>(cores)) p.resize(static_cast<std::size_t>(cores));
+    std::size_t best = 0;
+    double best_s = 0;
+    for (std::size_t c = 0; c < p.size(); ++c) {
+      const double s = fit(p[c], t, d);
+      if (c == 0 || s < best_s) best = c, best_s = s;
+    }
+    p[best].emplace(best_s, best_s + d);
+    return best_s + d;
+  }
+
+ private:
+  using Busy = std::map<double, double>;  ///< start -> end, disjoint
+
+  static double fit(const Busy& b, double t, double d) {
+    auto it = b.upper_bound(t);
+    double s = t;
+    if (it != b.begin()) s = std::max(s, std::prev(it)->second);
+    for (; it != b.end() && it->first < s + d; ++it) s = std::max(s, it->second);
+    return s;
+  }
+
+  std::map<int, std::vector<Busy>> pools_;
 };
 
 class Engine {
@@ -245,8 +286,8 @@ class Engine {
     check_peer(me, peer, "send");
     ++messages_;
     const LinkClass& c = link(me, peer);
+    overhead(me, c);
     Rank& k = ranks_[static_cast<std::size_t>(me)];
-    k.clock += c.overhead;
     Msg* m = pair_up(peer, me, lane, /*send=*/true);
     m->src = me;
     m->dst = peer;
@@ -283,7 +324,7 @@ class Engine {
     if (m->has_send) check_sizes(*m);
     if (m->header) {
       if (m->rendezvous)
-        schedule(m->posted_at + link(m->src, me).latency, Ev::cts, m);
+        schedule(control_leaves(me, m->src, m->posted_at) + link(m->src, me).latency, Ev::cts, m);
       else
         finish_recv(m, m->delivered_at);
     }
@@ -302,6 +343,18 @@ class Engine {
 
   /// Charges `seconds` of compute to rank `me`.
   void charge(int me, double seconds) { ranks_[static_cast<std::size_t>(me)].clock += seconds; }
+  /// Charges `seconds` of rank `me`'s CPU work: at once, or `queued` for a core of its pool (the
+  /// host's, or the machine's where hosts share cores) from its clock on.
+  void cpu(int me, double seconds, bool queued) {
+    if (!queued) return charge(me, seconds);
+    const double t = clock(me);
+    const int pool = m_.hosts_share_cores ? 0 : layout_.host_of(me);
+    const int cores = std::max(1, static_cast<int>(m_.cores + 0.5));
+    charge(me, cores_.run(pool, cores, t, seconds) - t);
+  }
+  /// A message's CPU overhead on rank `me` (its sender, or its receiver once it waited): queued
+  /// for a core where the model queues overheads (NetworkModel::overhead_queues).
+  void overhead(int me, const LinkClass& c) { cpu(me, c.overhead, overheads_queue_); }
 
  private:
   enum class Ev : std::uint8_t { ready, rts, cts, arrive, deliver, wake };
@@ -402,6 +455,7 @@ class Engine {
   struct Pair {
     int peer = -1, lane = 0;
     bool sends = false;  ///< what the queue holds
+    double data_free = 0;  ///< when the data of its sender's messages started so far has left (control_queue_bytes)
     Msg *head = nullptr, *tail = nullptr;
   };
 
@@ -494,6 +548,7 @@ class Engine {
   }
 
   void reset() {
+    cores_.clear();
     now_ = 0;
     fired_ = messages_ = 0;
     queue_.clear();
@@ -585,6 +640,21 @@ class Engine {
     return nic_rx_[static_cast<std::size_t>(m_.nic_per_rank ? dst : host_[static_cast<std::size_t>(dst)])];
   }
 
+  /// When a request-to-send or clear-to-send that `from` has ready at t leaves for `to`: at once,
+  /// or, between hosts with NetworkModel::control_queue_bytes, once the data from `from` to `to`
+  /// already on its way has left, at most that many bytes of it (it takes no time of the NIC).
+  double control_leaves(int from, int to, double t) {
+    if (!(m_.control_queue_bytes > 0) || same_host(from, to)) return t;
+    double ahead = t;
+    Rank& k = ranks_[static_cast<std::size_t>(to)];
+    const int inl = std::min(k.npairs, kInlinePairs);
+    for (int i = 0; i < inl; ++i)
+      if (k.pairs[i].peer == from) ahead = std::max(ahead, k.pairs[i].data_free);
+    for (const Pair& q : k.more)
+      if (q.peer == from) ahead = std::max(ahead, q.data_free);
+    return std::min(ahead, t + m_.control_queue_bytes / m_.inter.bandwidth);
+  }
+
   /// The data enters the sender's tx queue now.
   void start_data(Msg* m, double ready) {
     const LinkClass& c = link(m->src, m->dst);
@@ -592,6 +662,10 @@ class Engine {
     m->tx_start = std::max(ready, s.free);
     m->tx_end = m->tx_start + static_cast<double>(m->bytes) / c.bandwidth;
     s.free = m->tx_end;
+    if (m_.control_queue_bytes > 0 && !same_host(m->src, m->dst)) {
+      double& f = find_pair(ranks_[static_cast<std::size_t>(m->dst)], m->src, m->lane)->data_free;
+      f = std::max(f, m->tx_end);
+    }
     if (m->rendezvous) complete(*m->send, m->tx_end);
     // Delivered at once if the receiver's rx queue is free on arrival; the arrive event checks
     // that (one event per message where nothing contends, two where the rx queue was busy).
@@ -605,13 +679,14 @@ class Engine {
     switch (e.kind) {
       case Ev::ready:
         if (m->rendezvous)
-          schedule(now_ + link(m->src, m->dst).latency, Ev::rts, m);
+          schedule(control_leaves(m->src, m->dst, now_) + link(m->src, m->dst).latency, Ev::rts, m);
         else
           start_data(m, now_);
         return;
       case Ev::rts:
         m->header = true;
-        if (m->has_recv) schedule(std::max(now_, m->posted_at) + link(m->src, m->dst).latency, Ev::cts, m);
+        if (m->has_recv)
+          schedule(control_leaves(m->dst, m->src, std::max(now_, m->posted_at)) + link(m->src, m->dst).latency, Ev::cts, m);
         return;
       case Ev::cts: start_data(m, now_); return;
       case Ev::arrive:
@@ -707,6 +782,7 @@ class Engine {
   NetworkModel m_, base_;
   std::size_t call_bytes_ = 0;
   Layout layout_;
+  bool overheads_queue_ = base_.overhead_queues && base_.queues_for_cores(layout_.hosts, layout_.ranks_per_host);
   Stacks stacks_;
   std::vector<Rank> ranks_;
   std::vector<int> host_;  ///< per rank
@@ -724,6 +800,7 @@ class Engine {
   int finished_ = 0, current_ = -1;
   std::size_t high_water_ = 0;
   std::exception_ptr error_;
+  CoreQueues cores_;  ///< the call's cores, where CPU work queues for them (NetworkModel::core_queues)
 };
 
 }  // namespace chorus::sim

@@ -6,7 +6,7 @@
 /// MAP_NORESERVE reservation that is never touched. Only sizes matter to the simulation; an
 /// algorithm that read or wrote a byte itself would fault at once (it must not: scripts/check-layers).
 /// With the model's `core_queues` (sim/network.hpp), copies and reductions queue for the cores
-/// of the rank's host (CoreQueues, held by the Arena with the call's other shared state).
+/// of the rank's host (CoreQueues, sim/engine.hpp).
 
 #include <sys/mman.h>
 
@@ -14,8 +14,6 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
-#include <iterator>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -25,45 +23,6 @@
 #include "chorus/sim/engine.hpp"
 
 namespace chorus::sim {
-
-/// The cores of each pool (a host, or the machine where hosts share cores) as servers of compute:
-/// each core keeps the intervals it is busy, and a piece of compute of d seconds that a rank
-/// starts at its clock t takes the core that can fit [s, s + d) earliest, s >= t (a gap between
-/// intervals booked earlier counts: ranks run in fiber order, not in virtual-time order, so a rank
-/// behind another's clock still gets the core the other left free then). Deterministic: the same
-/// order of requests gives the same intervals.
-class CoreQueues {
- public:
-  void clear() { pools_.clear(); }
-
-  /// Books d seconds of compute on one of `cores` cores of `pool` from time t on; returns its end.
-  double run(int pool, int cores, double t, double d) {
-    if (!(d > 0)) return t;
-    auto& p = pools_[pool];
-    if (p.size() < static_cast<std::size_t>(cores)) p.resize(static_cast<std::size_t>(cores));
-    std::size_t best = 0;
-    double best_s = 0;
-    for (std::size_t c = 0; c < p.size(); ++c) {
-      const double s = fit(p[c], t, d);
-      if (c == 0 || s < best_s) best = c, best_s = s;
-    }
-    p[best].emplace(best_s, best_s + d);
-    return best_s + d;
-  }
-
- private:
-  using Busy = std::map<double, double>;  ///< start -> end, disjoint
-
-  static double fit(const Busy& b, double t, double d) {
-    auto it = b.upper_bound(t);
-    double s = t;
-    if (it != b.begin()) s = std::max(s, std::prev(it)->second);
-    for (; it != b.end() && it->first < s + d; ++it) s = std::max(s, it->second);
-    return s;
-  }
-
-  std::map<int, std::vector<Busy>> pools_;
-};
 
 /// Address space for the simulated buffers: kAreas areas of `area` bytes each, reserved, never
 /// backed (PROT_NONE, MAP_NORESERVE): in, out, slots, work, stage. Shared by every rank.
@@ -87,22 +46,16 @@ class Arena {
       throw Error(ErrorCode::invalid_argument,
                   "sim: " + std::to_string(n) + " bytes exceed the arena's area of " + std::to_string(area_));
     handed_[a] = n;
-    if (a == in) {  // a call asks for its input first (sim/collective.hpp): a new call
-      handed_[out] = 0;
-      cores_.clear();
-    }
+    if (a == in) handed_[out] = 0;  // a call asks for its input first (sim/collective.hpp): a new call
     return static_cast<std::byte*>(base_) + area_ * static_cast<std::size_t>(a);
   }
   /// The size of the last `at(a, n)`: n.
   std::size_t handed(Area a) const { return handed_[a]; }
-  /// The cores of the current call (cleared when a call asks for its input).
-  CoreQueues& cores() const { return cores_; }
 
  private:
   std::size_t area_;
   void* base_;
   mutable std::size_t handed_[kAreas] = {};
-  mutable CoreQueues cores_;
 };
 
 class Executor final : public exec::Executor {
@@ -141,18 +94,7 @@ class Executor final : public exec::Executor {
 
  private:
   /// Charges `seconds` of compute to the rank: at once, or queued for a core of its pool.
-  void compute(double seconds) {
-    const NetworkModel& m = e_.model();
-    const Layout& l = e_.layout();
-    if (!m.queues_for_cores(l.hosts, l.ranks_per_host)) {
-      e_.charge(rank_, seconds);
-      return;
-    }
-    const double t = e_.clock(rank_);
-    const int pool = m.hosts_share_cores ? 0 : l.host_of(rank_);
-    const int cores = std::max(1, static_cast<int>(m.cores + 0.5));
-    e_.charge(rank_, arena_.cores().run(pool, cores, t, seconds) - t);
-  }
+  void compute(double seconds) { e_.cpu(rank_, seconds, e_.model().queues_for_cores(e_.layout().hosts, e_.layout().ranks_per_host)); }
 
   Engine& e_;
   int rank_;

@@ -21,7 +21,13 @@
 ///
 /// Eager and rendezvous: a message of at most `eager_bytes` leaves at once; a larger one sends a
 /// request-to-send (one latency), the receiver answers once its receive is posted (one latency
-/// back), and only then does the data enter the tx queue, as the tcp and shm links do.
+/// back), and only then does the data enter the tx queue, as the tcp and shm links do. With
+/// `control_queue_bytes` (optional) a request-to-send or clear-to-send between hosts leaves only
+/// after the data its sender has already started to the same peer, at most that many bytes of
+/// it: over TCP a control frame is bytes in the connection behind the data already in the socket's
+/// buffer (the tcp link puts it ahead of the slices it has not yet written), so in an exchange of
+/// 1 MiB messages the later rank's clear-to-send waits behind the earlier one's data, and the two
+/// directions partly take turns. It costs the NIC no time of its own.
 ///
 /// Compute: the executor's reductions cost bytes / `reduce_rate` of the rank's time, copies
 /// bytes / `copy_rate` (sim/executor.hpp).
@@ -40,7 +46,10 @@
 ///   queue for the `cores` cores instead (sim/executor.hpp, CoreQueues): a rank's compute takes
 ///   the first free core from its clock on, at the full rate, so that ranks that wait (a tree's
 ///   leaves while its inner nodes reduce) leave their core to the ranks that compute. Per-message
-///   overheads and `wake` stay as above.
+///   overheads and `wake` stay as above, unless `overhead_queues` (optional) queues the
+///   overheads for the cores as well: a message costs its sender and its receiver `overhead` of
+///   a core each, so a step in which every rank sends and receives (a ring's) takes ranks / cores
+///   overheads, one in which a few do (a tree's upper levels) about one.
 
 #include <cstddef>
 #include <string>
@@ -65,6 +74,7 @@ struct NetworkModel {
   LinkClass intra;
   LinkClass inter;
   bool nic_per_rank = false;  ///< a NIC per rank (rails) instead of one per host
+  double control_queue_bytes = 0;  ///< between hosts: at most this much data of the same pair goes ahead of a control frame (0: none)
   double reduce_rate = 10e9;  ///< bytes of buffer reduced per second
   double copy_rate = 10e9;    ///< bytes copied per second
   std::size_t cache_bytes = 0;   ///< a call whose working set fits runs at the cached rates (0: none)
@@ -74,6 +84,7 @@ struct NetworkModel {
   bool hosts_share_cores = false;///< every host's ranks share the same `cores` (and the same cache)
   double wake = 0;               ///< seconds a message waits for its receiver's core, with more ranks than cores
   bool core_queues = false;      ///< copies and reductions queue for the cores instead of a flat slowdown
+  bool overhead_queues = false;  ///< with core_queues: per-message overheads queue for the cores too
 
   /// The ranks that share one pool of `cores` (a host's, or every rank with hosts_share_cores).
   double sharing(int hosts, int local) const { return static_cast<double>(hosts_share_cores ? hosts * local : local); }
@@ -97,6 +108,7 @@ struct NetworkModel {
     if (!(cached_speedup > 0) || !(cached_intra_speedup > 0)) bad("cached speedups must be > 0");
     if (!(cores >= 0)) bad("cores must be >= 0 (0: a core per rank)");
     if (!(wake >= 0)) bad("wake must be >= 0 seconds");
+    if (!(control_queue_bytes >= 0)) bad("control_queue_bytes must be >= 0");
   }
 
   /// The model as a call of `call_bytes` per rank sees it, on `hosts` hosts of `local` ranks:
@@ -112,7 +124,7 @@ struct NetworkModel {
     if (cores > 0 && sharing > cores) {
       const double slow = sharing / cores;
       for (LinkClass* c : {&m.intra, &m.inter}) {
-        c->overhead *= slow;
+        if (!(core_queues && overhead_queues)) c->overhead *= slow;
         c->latency += wake;
       }
       if (!core_queues) {
