@@ -199,13 +199,19 @@ TEST_CASE("runtime: wait_value holds a stream until another stream's write_value
   StreamAndEvents producer(rt), consumer(rt);
   rt.fill(word, 0, 64, producer.s);
   rt.synchronize(producer.s);
-  const std::uint32_t value = 0x5eed;
-  std::uint32_t got = 0;
+  // Both host ends pinned, not on the stack: a copy to or from pageable memory returns only once
+  // done, so it would hold this thread until the wait it is queued behind ended (at its timeout,
+  // since this thread is what releases it). On an H200 the copy into `got` on the stack did so.
+  auto* value_p = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  *value_p = 0x5eed;
+  const std::uint32_t value = *value_p;
+  auto* got_p = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  *got_p = 0;
   rt.wait_value(consumer.s, word, 2, abort, 7, 60'000'000'000ull);
-  rt.copy(&got, data, sizeof got, consumer.s);
+  rt.copy(got_p, data, sizeof *got_p, consumer.s);
   rt.record(consumer.end, consumer.s);
   rt.wait_flag(producer.s, gate, 60'000'000'000ull);
-  rt.copy(data, &value, sizeof value, producer.s);
+  rt.copy(data, value_p, sizeof value, producer.s);
   rt.write_value(producer.s, word, 1);  // below the value waited for
   CHECK_FALSE(rt.query(consumer.end));
   std::atomic_ref<std::uint32_t>(*gate).store(1, std::memory_order_release);
@@ -213,8 +219,10 @@ TEST_CASE("runtime: wait_value holds a stream until another stream's write_value
   CHECK_FALSE(rt.query(consumer.end));
   rt.write_value(producer.s, word, 2);
   rt.synchronize(consumer.end);
-  CHECK(got == value);
+  CHECK(*got_p == value);
   CHECK(*abort == 0u);
+  rt.free_pinned(got_p);
+  rt.free_pinned(value_p);
   rt.free_pinned(abort);
   rt.free_pinned(gate);
   rt.free_device(data);

@@ -22,12 +22,14 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstring>
 #include <optional>
 #include <string_view>
 #include <vector>
 
 #include "chorus/algo/descriptor.hpp"
 #include "chorus/chorus.hpp"
+#include "chorus/device/runtime.hpp"
 
 namespace chorus::bench {
 
@@ -65,8 +67,19 @@ struct Call {
   int rank = 0;
   int size = 1;
   bool blocking = false;  ///< -z: through the blocking API (as MPI's calls are timed), else *_async
+  /// The device runtime where the buffers are device memory (-g 1), else null: the host must not
+  /// touch them itself (copy() below does it through the runtime).
+  device::Runtime* rt = nullptr;
 
   std::size_t bytes(std::size_t elements) const { return elements * size_of(dtype); }
+  /// Copies n bytes between this call's buffers: a memcpy, or through the device runtime (on the
+  /// legacy default stream, waited for) where they are device memory.
+  void copy(std::byte* dst, const std::byte* src, std::size_t n) const {
+    if (n == 0) return;
+    if (!rt) return void(std::memcpy(dst, src, n));
+    rt->copy(dst, src, n, device::Stream{});
+    rt->synchronize(device::Stream{});
+  }
 };
 
 /// Issues one call of a descriptor's run(): through the blocking API when the run is blocking

@@ -200,6 +200,7 @@ class Driver {
     c.rank = rank_;
     c.size = n_;
     c.blocking = s_.blocking != 0;
+    c.rt = rt_;
     std::byte* recv = recv_base() + shift;
     const auto r = static_cast<std::size_t>(rank_);
     c.in = in_place ? recv + r * l.send_in_place * elem : send_base() + shift;
