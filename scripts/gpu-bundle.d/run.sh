@@ -5,7 +5,8 @@
 #
 #   run.sh OUTDIR          on the GPU (device 0): the GPU suite with REQUIRE_GPU=1, the *_perf
 #                          programs at 2 ranks over shm (staged) and cuda_ipc (direct), the copy
-#                          bandwidth; never longer than CHORUS_BUNDLE_BUDGET_S (not yet run on a GPU)
+#                          bandwidth; never longer than CHORUS_BUNDLE_BUDGET_S (run on an H200:
+#                          docs/performance.md, "On a GPU")
 #   run.sh --sim OUTDIR    the same steps on the simulated CUDA runtime (no GPU needed; small sizes),
 #                          so that the steps and the summary's format are checked anywhere
 #
@@ -26,7 +27,7 @@ out=
 for a in "$@"; do
   case $a in
     --sim) sim=1 ;;
-    -h|--help) sed -n '3,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '3,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run.sh: unknown option $a (see --help)" >&2; exit 2 ;;
     *) [[ -z $out ]] || { echo "run.sh: one OUTDIR only" >&2; exit 2; }; out=$a ;;
   esac
