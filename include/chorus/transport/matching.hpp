@@ -113,6 +113,13 @@ void push_back_growing(boost::circular_buffer<T>& q, T v) {
   if (q.full()) q.set_capacity(std::max<std::size_t>(16, 2 * q.capacity()));
   q.push_back(std::move(v));
 }
+/// Inserts before position `at` of a circular buffer, doubling it when full (a full
+/// circular_buffer's insert would overwrite its first element instead).
+template <class T>
+void insert_growing(boost::circular_buffer<T>& q, std::size_t at, T v) {
+  if (q.full()) q.set_capacity(std::max<std::size_t>(16, 2 * q.capacity()));
+  q.insert(q.begin() + static_cast<std::ptrdiff_t>(at), std::move(v));
+}
 
 /// Both lists are circular buffers in arrival (posting) order, searched from the front, that grow
 /// by doubling and never shrink: matching allocates nothing in steady state (a map of per-tag

@@ -15,8 +15,9 @@
 /// Large messages therefore never need a buffer on the receiver: memory stays bounded whatever
 /// the message size. A large message goes out as data frames of at most Policy::kDataFrameBytes,
 /// in order; the control and eager frames queued meanwhile go out between two slices, so a
-/// clear-to-send never waits behind a long message going the other way (see Link::enqueue). Unexpected eager messages are buffered up to Policy::kMaxUnexpectedBytes;
-/// past that the link stops reading (TCP flow control holds the sender) until receives drain it.
+/// clear-to-send never waits behind a long message going the other way (see Link::enqueue).
+/// Unexpected eager messages are buffered up to Policy::kMaxUnexpectedBytes; past that the link
+/// stops reading (TCP flow control holds the sender) until receives drain it.
 /// Every header from the network is checked (type, sizes, ids) before it is used; a bad one
 /// breaks the link with peer_failure.
 ///

@@ -43,8 +43,7 @@ inline void Link::enqueue(detail::OutFrame f) {
     std::size_t at = write_queue_.size();
     while (at > keep && static_cast<detail::FrameType>(write_queue_[at - 1].h.type) == detail::FrameType::data) --at;
     if (at != write_queue_.size()) {
-      if (write_queue_.full()) write_queue_.set_capacity(std::max<std::size_t>(16, 2 * write_queue_.capacity()));
-      write_queue_.insert(write_queue_.begin() + static_cast<std::ptrdiff_t>(at), std::move(f));
+      chorus::detail::insert_growing(write_queue_, at, std::move(f));
       return;  // data frames were queued: a write is in flight or posted
     }
   }
