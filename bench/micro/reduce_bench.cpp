@@ -2,7 +2,8 @@
 // Host reduction throughput: chorus::reduce(op, dtype, out, a, b, count) over three distinct
 // buffers of 4 KiB, 256 KiB, 4 MiB and 64 MiB each (L1, L2, L3, memory on most machines), against
 // a memcpy of the same buffer size as the baseline; every dtype with every op (prod, min and max
-// at 256 KiB and 64 MiB only), and avg's final division.
+// at 256 KiB and 64 MiB only), avg's final division, and float32 sum in place (a op= b, the
+// in_place_reduce_speedup of the simulator's model, include/chorus/sim/network.hpp).
 //
 // Bytes processed count what the call reads and writes: 3 x buffer bytes for a reduction (a, b
 // read, out written), 2 x for memcpy. So GB/s compares directly with the machine's bandwidth.
@@ -44,16 +45,20 @@ std::vector<T> make_input(std::size_t n, int salt) {
   return v;
 }
 
-void bm_reduce(benchmark::State& state, DataType dt, ReduceOp op) {
+/// out = a op b; with `in_place`, a op= b (out is a), as recursive doubling and the double tree
+/// reduce: the same bytes counted, but the stores hit lines the loads just brought in, where out
+/// of place they must first fetch out's.
+void bm_reduce(benchmark::State& state, DataType dt, ReduceOp op, bool in_place) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const std::size_t count = bytes / chorus::size_of(dt);
   chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
-    const std::vector<T> a = make_input<T>(count, 1);
+    std::vector<T> a = make_input<T>(count, 1);
     const std::vector<T> b = make_input<T>(count, 2);
-    std::vector<T> out(count);
+    std::vector<T> out_of_place(in_place ? 0 : count);
+    T* out = in_place ? a.data() : out_of_place.data();
     for (auto _ : state) {
-      chorus::reduce(op, dt, out.data(), a.data(), b.data(), count);
-      benchmark::DoNotOptimize(out.data());
+      chorus::reduce(op, dt, out, a.data(), b.data(), count);
+      benchmark::DoNotOptimize(out);
       benchmark::ClobberMemory();
     }
   });
@@ -104,10 +109,12 @@ void with_two_sizes(benchmark::internal::Benchmark* b) {
 /// times that division (bytes processed: read + write).
 [[maybe_unused]] const bool kRegistered = [] {
   benchmark::RegisterBenchmark("memcpy", bm_memcpy)->Apply(with_sizes);
+  benchmark::RegisterBenchmark("reduce_in_place/float32/sum", bm_reduce, DataType::float32, ReduceOp::sum, true)
+      ->Apply(with_sizes);
   auto add = [](DataType dt, ReduceOp op, void (*sizes)(benchmark::internal::Benchmark*)) {
     const std::string name =
         "reduce/" + std::string(chorus::to_string(dt)) + "/" + std::string(chorus::to_string(op));
-    benchmark::RegisterBenchmark(name.c_str(), bm_reduce, dt, op)->Apply(sizes);
+    benchmark::RegisterBenchmark(name.c_str(), bm_reduce, dt, op, false)->Apply(sizes);
   };
   for (DataType dt : chorus::kAllDataTypes) {
     add(dt, ReduceOp::sum, with_sizes);

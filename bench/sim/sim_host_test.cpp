@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 /// sim.host: the host in the network model (sim/network.hpp, NetworkModel::effective): the memory
-/// tier, CPU sharing and the core queues (of compute, and of per-message overheads) change
+/// tier, CPU sharing, the core queues (of compute, and of per-message overheads), the speed of
+/// reductions in place, a rendezvous's handshake and a queue's token bucket change
 /// simulated times as they say, and leave them alone
 /// where they do not apply. Reads this machine's presets (the directory is the first argument), which use them.
 /// Exit status 0 when every check passes, 1 otherwise (each failure printed).
@@ -32,6 +33,16 @@ double all_reduce_us(const sim::NetworkModel& m, int local, std::size_t bytes, c
   const sim::Call call{kind, chorus::DataType::float32, chorus::ReduceOp::sum, bytes / 4, 0};
   const auto in = sim::plan_inputs(m, layout);
   return sim::simulate(engine, arena, call, sim::choice_for({algorithm}, kind, bytes, in)).seconds * 1e6;
+}
+
+/// Whether m.check() refuses the model, naming `what`.
+bool refuses(const sim::NetworkModel& m, const std::string& what) {
+  try {
+    m.check();
+  } catch (const chorus::Error& e) {
+    return std::string(e.what()).find(what) != std::string::npos;
+  }
+  return false;
 }
 
 double ring_us(const sim::NetworkModel& m, int local, std::size_t bytes) {
@@ -130,14 +141,51 @@ int main(int argc, char** argv) {
     chatty.overhead_queues = chatty.core_queues = false;
     check(own_q == ring_us(chatty, 8, 8), "8 ranks on 8 cores: overheads queued " + std::to_string(own_q) + " us, as without queues");
 
+    // In-place reductions (in_place_reduce_speedup): recursive doubling reduces a op= b, so at
+    // 2 ranks and 64 MiB (the reduction of the whole buffer after the exchange) a speedup of 2
+    // takes half the reduction off it; the ring reduces out of place (out = in op slot) and does
+    // not move.
+    const auto rd = chorus::algo::Algorithm::recursive_doubling;
+    const std::size_t big = std::size_t(64) << 20;
+    const double rd_1 = all_reduce_us(plain, 2, big, rd), ring_1 = ring_us(plain, 2, big);
+    sim::NetworkModel in_place = plain;
+    in_place.in_place_reduce_speedup = 2;
+    const double rd_2 = all_reduce_us(in_place, 2, big, rd), ring_2 = ring_us(in_place, 2, big);
+    const double half_reduce = 0.5 * static_cast<double>(big) / plain.reduce_rate * 1e6;
+    check(std::fabs((rd_1 - rd_2) - half_reduce) <= 0.01 * half_reduce,
+          "64 MiB recursive doubling, 2 ranks: in place x2 " + std::to_string(rd_2) + " us, x1 " + std::to_string(rd_1) +
+              " us, half a reduction (" + std::to_string(half_reduce) + " us) apart");
+    check(ring_1 == ring_2, "64 MiB ring, 2 ranks: out of place, " + std::to_string(ring_2) + " us either way");
+    in_place.in_place_reduce_speedup = 0;
+    check(refuses(in_place, "in_place_reduce_speedup"), "in_place_reduce_speedup 0 is refused, naming it");
+
+    // A rendezvous's handshake (LinkClass::handshake): recursive doubling at 2 ranks sends one
+    // message each way; at 1 MiB (above the 32 KiB eager size) it costs the handshake once more,
+    // at 8 B (eager) nothing.
+    sim::NetworkModel shaking = plain;
+    shaking.intra.handshake = 10e-6;
+    const double hs_big = all_reduce_us(shaking, 2, 1 << 20, rd) - all_reduce_us(plain, 2, 1 << 20, rd);
+    check(std::fabs(hs_big - 10) < 0.01, "1 MiB recursive doubling, 2 ranks: a 10 us handshake adds " + std::to_string(hs_big) + " us");
+    check(all_reduce_us(shaking, 2, 8, rd) == all_reduce_us(plain, 2, 8, rd), "8 B recursive doubling: eager, no handshake");
+
+    // A token bucket (LinkClass::burst_bytes) of 256 KiB at 1e8 B/s, empty at first: 1 ms idle
+    // fills 100 KB, so 64 KiB then passes at once and the next 64 KiB waits for what the bucket
+    // lacks, (65536 - 34464) / 1e8 s; without a bucket each takes 655.36 us.
+    sim::Server bucket;
+    const double first = bucket.serve(1e-3, 65536, 1e8, 256 << 10);
+    bucket.free = 1e-3 + first;
+    const double second = bucket.serve(bucket.free, 65536, 1e8, 256 << 10);
+    check(first == 0 && std::fabs(second - (65536 - (100000 - 65536)) / 1e8) < 1e-12,
+          "token bucket: 64 KiB after 1 ms idle at once (" + std::to_string(first * 1e6) + " us), the next in " +
+              std::to_string(second * 1e6) + " us");
+    sim::Server none;
+    check(std::fabs(none.serve(1e-3, 65536, 1e8, 0) - 655.36e-6) < 1e-12, "no bucket: 64 KiB at the rate, 655.36 us");
+
     shared.cores = -1;
-    bool threw = false;
-    try {
-      shared.check();
-    } catch (const chorus::Error& e) {
-      threw = std::string(e.what()).find("cores") != std::string::npos;
-    }
-    check(threw, "cores -1 is refused, naming 'cores'");
+    check(refuses(shared, "cores"), "cores -1 is refused, naming 'cores'");
+    sim::NetworkModel bad_link = plain;
+    bad_link.inter.handshake = -1;
+    check(refuses(bad_link, "inter.handshake"), "a handshake of -1 s is refused, naming 'inter.handshake'");
   } catch (const std::exception& e) {
     std::printf("FAIL %s\n", e.what());
     return 1;

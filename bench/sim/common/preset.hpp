@@ -48,7 +48,8 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
     return o.at(key).get<double>();
   };
   known(j, {"name", "source", "notes", "intra", "inter", "nic_per_rank", "reduce_GBps", "copy_GBps",
-             "cache_bytes", "cached_speedup", "cached_intra_speedup", "cores", "hosts_share_cores", "wake_us", "core_queues", "overhead_queues", "control_queue_bytes"}, "");
+             "cache_bytes", "cached_speedup", "cached_intra_speedup", "cores", "hosts_share_cores", "wake_us", "core_queues", "overhead_queues", "control_queue_bytes",
+             "in_place_reduce_speedup"}, "");
   chorus::sim::NetworkModel m;
   m.name = j.value("name", path);
   m.source = j.value("source", "");
@@ -57,7 +58,7 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
     if (!j.contains(key)) bad(std::string("missing '") + key + "'");
     const auto& o = j.at(key);
     const std::string where = std::string(key) + ".";
-    known(o, {"latency_us", "bandwidth_GBps", "bandwidth_Gbitps", "overhead_us", "eager_bytes", "slice_bytes", "notes"}, where);
+    known(o, {"latency_us", "bandwidth_GBps", "bandwidth_Gbitps", "overhead_us", "eager_bytes", "slice_bytes", "burst_bytes", "handshake_us", "notes"}, where);
     c.latency = number(o, "latency_us", where) * 1e-6;
     if (o.contains("bandwidth_Gbitps"))
       c.bandwidth = number(o, "bandwidth_Gbitps", where) * 1e9 / 8;
@@ -66,6 +67,8 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
     c.overhead = number(o, "overhead_us", where) * 1e-6;
     c.eager_bytes = static_cast<std::size_t>(number(o, "eager_bytes", where));
     c.slice_bytes = static_cast<std::size_t>(number(o, "slice_bytes", where));
+    c.burst_bytes = o.contains("burst_bytes") ? number(o, "burst_bytes", where) : 0.0;
+    c.handshake = o.contains("handshake_us") ? number(o, "handshake_us", where) * 1e-6 : 0.0;
     return c;
   };
   m.intra = link("intra");
@@ -77,6 +80,7 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
   m.cache_bytes = static_cast<std::size_t>(optional("cache_bytes", 0));
   m.cached_speedup = optional("cached_speedup", 1);
   m.cached_intra_speedup = optional("cached_intra_speedup", 1);
+  m.in_place_reduce_speedup = optional("in_place_reduce_speedup", 1);
   m.cores = optional("cores", 0);
   m.hosts_share_cores = j.value("hosts_share_cores", false);
   m.wake = optional("wake_us", 0) * 1e-6;

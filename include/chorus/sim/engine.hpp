@@ -561,7 +561,7 @@ class Engine {
       k.more.clear();
     }
     for (auto* v : {&intra_tx_, &intra_rx_, &nic_tx_, &nic_rx_})
-      for (Server& s : *v) s.free = 0;
+      for (Server& s : *v) s = Server{};
   }
 
   // The checks inline to a comparison; their errors are built out of line (a frame with strings
@@ -660,7 +660,7 @@ class Engine {
     const LinkClass& c = link(m->src, m->dst);
     Server& s = tx(m->src, m->dst);
     m->tx_start = std::max(ready, s.free);
-    m->tx_end = m->tx_start + static_cast<double>(m->bytes) / c.bandwidth;
+    m->tx_end = m->tx_start + s.serve(m->tx_start, static_cast<double>(m->bytes), c.bandwidth, c.burst_bytes);
     s.free = m->tx_end;
     if (m_.control_queue_bytes > 0 && !same_host(m->src, m->dst)) {
       double& f = find_pair(ranks_[static_cast<std::size_t>(m->dst)], m->src, m->lane)->data_free;
@@ -679,7 +679,7 @@ class Engine {
     switch (e.kind) {
       case Ev::ready:
         if (m->rendezvous)
-          schedule(control_leaves(m->src, m->dst, now_) + link(m->src, m->dst).latency, Ev::rts, m);
+          schedule(control_leaves(m->src, m->dst, now_) + link(m->src, m->dst).latency + link(m->src, m->dst).handshake, Ev::rts, m);
         else
           start_data(m, now_);
         return;
@@ -703,7 +703,7 @@ class Engine {
     const LinkClass& c = link(m->src, m->dst);
     Server& s = rx(m->src, m->dst);
     const double start = std::max(m->tx_start + c.latency, s.free);
-    const double delivered = std::max(start + static_cast<double>(m->bytes) / c.bandwidth, m->tx_end + c.latency);
+    const double delivered = std::max(start + s.serve(start, static_cast<double>(m->bytes), c.bandwidth, c.burst_bytes), m->tx_end + c.latency);
     s.free = delivered;
     if (delivered <= now_) return true;
     schedule(delivered, Ev::deliver, m);

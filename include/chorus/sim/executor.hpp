@@ -69,13 +69,13 @@ class Executor final : public exec::Executor {
   void copy(std::byte* dst, const std::byte* src, std::size_t n) override {
     if (dst != src) compute(static_cast<double>(n) / e_.model().copy_rate);
   }
-  void reduce(ReduceOp, DataType dt, std::byte*, const std::byte*, const std::byte*, std::size_t count) override {
-    compute(static_cast<double>(count * size_of(dt)) / e_.model().reduce_rate);
+  void reduce(ReduceOp, DataType dt, std::byte* dst, const std::byte* a, const std::byte*, std::size_t count) override {
+    compute(static_cast<double>(count * size_of(dt)) / reduce_rate(dst == a));
   }
-  void reduce_many(ReduceOp, DataType dt, std::byte*, const std::byte* const*, int n, std::size_t count) override {
+  void reduce_many(ReduceOp, DataType dt, std::byte* dst, const std::byte* const* in, int n, std::size_t count) override {
     if (n < 2 || n > chorus::kMaxReduceInputs)
       throw Error(ErrorCode::invalid_argument, "sim: reduce_many of " + std::to_string(n) + " inputs");
-    compute(static_cast<double>(n - 1) * static_cast<double>(count * size_of(dt)) / e_.model().reduce_rate);
+    compute(static_cast<double>(n - 1) * static_cast<double>(count * size_of(dt)) / reduce_rate(dst == in[0]));
   }
   void finalize_avg(DataType dt, std::byte*, std::size_t count, int) override {
     compute(static_cast<double>(count * size_of(dt)) / e_.model().reduce_rate);
@@ -93,6 +93,11 @@ class Executor final : public exec::Executor {
   std::size_t bytes() const override { return 0; }
 
  private:
+  /// Bytes per second of a reduction, in place (dst is its first input) or not (sim/network.hpp).
+  double reduce_rate(bool in_place) const {
+    return e_.model().reduce_rate * (in_place ? e_.model().in_place_reduce_speedup : 1.0);
+  }
+
   /// Charges `seconds` of compute to the rank: at once, or queued for a core of its pool.
   void compute(double seconds) { e_.cpu(rank_, seconds, e_.model().queues_for_cores(e_.layout().hosts, e_.layout().ranks_per_host)); }
 

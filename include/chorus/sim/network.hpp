@@ -19,9 +19,18 @@
 /// uncontended (max(tx start + l + S/B, tx end + l)): their arrival order where sizes are equal;
 /// this costs one event per message where nothing contends (sim/engine.hpp). The receiver's overhead is charged to its clock when it waits for the receive.
 ///
+/// With `burst_bytes` (optional, 0 by default; the namespace hosts' tc tbf has 256 KiB), each
+/// queue also holds a token bucket of that many bytes, refilled at the bandwidth while the queue
+/// is idle and empty at the start of a call (the measurements run calls back to back): the bytes
+/// it holds pass at once, the rest at the bandwidth. So on a link mostly idle, a message of up to
+/// the burst crosses without waiting its S/B, and two that meet at a queue do not wait for each
+/// other; on a busy link the bucket stays empty.
+///
 /// Eager and rendezvous: a message of at most `eager_bytes` leaves at once; a larger one sends a
-/// request-to-send (one latency), the receiver answers once its receive is posted (one latency
-/// back), and only then does the data enter the tx queue, as the tcp and shm links do. With
+/// request-to-send (one latency, plus the link's `handshake`: optional, 0 by default, what the
+/// peers' noticing the request and its answer costs beyond the latencies), the receiver answers
+/// once its receive is posted (one latency back), and only then does the data enter the tx
+/// queue, as the tcp and shm links do. With
 /// `control_queue_bytes` (optional) a request-to-send or clear-to-send between hosts leaves only
 /// after the data its sender has already started to the same peer, at most that many bytes of
 /// it: over TCP a control frame is bytes in the connection behind the data already in the socket's
@@ -30,7 +39,11 @@
 /// directions partly take turns. It costs the NIC no time of its own.
 ///
 /// Compute: the executor's reductions cost bytes / `reduce_rate` of the rank's time, copies
-/// bytes / `copy_rate` (sim/executor.hpp).
+/// bytes / `copy_rate` (sim/executor.hpp); a reduction in place (its output is its first input,
+/// a op= b: recursive doubling's, the double tree's, the binomial reduce's) runs
+/// `in_place_reduce_speedup` times faster (optional, default 1). Out of place, a reduction moves
+/// its two inputs and its output, whose lines the stores must first fetch: four streams of memory
+/// traffic against three in place (bench/micro/reduce_bench's in_place rows measure the two).
 ///
 /// The host (NetworkModel::effective, applied per call by the engine; every default leaves the
 /// figures above as they are):
@@ -51,6 +64,7 @@
 ///   a core each, so a step in which every rank sends and receives (a ring's) takes ranks / cores
 ///   overheads, one in which a few do (a tree's upper levels) about one.
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 
@@ -66,6 +80,8 @@ struct LinkClass {
   double overhead = 0;                ///< seconds of CPU per message, on the sender and on the receiver
   std::size_t eager_bytes = 64 << 10; ///< larger messages wait for a clear-to-send
   std::size_t slice_bytes = 256 << 10;///< the pipeline slice the cost model plans with (TransportModel::slice)
+  double handshake = 0;               ///< seconds a rendezvous's handshake costs beyond its two latencies (the peers' wake-ups)
+  double burst_bytes = 0;             ///< a token bucket per queue (a shaper's burst, as tc tbf's), empty at the start of a call; 0: none
 };
 
 struct NetworkModel {
@@ -77,6 +93,7 @@ struct NetworkModel {
   double control_queue_bytes = 0;  ///< between hosts: at most this much data of the same pair goes ahead of a control frame (0: none)
   double reduce_rate = 10e9;  ///< bytes of buffer reduced per second
   double copy_rate = 10e9;    ///< bytes copied per second
+  double in_place_reduce_speedup = 1;  ///< a op= b against out = a op b: how much faster
   std::size_t cache_bytes = 0;   ///< a call whose working set fits runs at the cached rates (0: none)
   double cached_speedup = 1;     ///< cached rate / memory rate of copies and reductions
   double cached_intra_speedup = 1;  ///< the same of intra-host transfers
@@ -102,10 +119,13 @@ struct NetworkModel {
       if (!(c->bandwidth > 0)) bad((std::string(k) + ".bandwidth must be > 0 bytes/s").c_str());
       if (!(c->overhead >= 0)) bad((std::string(k) + ".overhead must be >= 0 seconds").c_str());
       if (c->slice_bytes == 0) bad((std::string(k) + ".slice_bytes must be > 0").c_str());
+      if (!(c->burst_bytes >= 0)) bad((std::string(k) + ".burst_bytes must be >= 0").c_str());
+      if (!(c->handshake >= 0)) bad((std::string(k) + ".handshake must be >= 0 seconds").c_str());
     }
     if (!(reduce_rate > 0)) bad("reduce_rate must be > 0 bytes/s");
     if (!(copy_rate > 0)) bad("copy_rate must be > 0 bytes/s");
     if (!(cached_speedup > 0) || !(cached_intra_speedup > 0)) bad("cached speedups must be > 0");
+    if (!(in_place_reduce_speedup > 0)) bad("in_place_reduce_speedup must be > 0");
     if (!(cores >= 0)) bad("cores must be >= 0 (0: a core per rank)");
     if (!(wake >= 0)) bad("wake must be >= 0 seconds");
     if (!(control_queue_bytes >= 0)) bad("control_queue_bytes must be >= 0");
@@ -151,6 +171,18 @@ struct NetworkModel {
 /// A FIFO server of a bandwidth (one direction of a port or NIC): when it is free again.
 struct Server {
   double free = 0;
+  double tokens = 0;  ///< bytes in its token bucket at `free` (LinkClass::burst_bytes)
+
+  /// Serves `bytes` from `start` (>= free) at `bandwidth`, with a token bucket of `burst` bytes
+  /// (0: none) refilled at that rate while the server is idle: the bytes it holds pass at once.
+  /// Returns how long the server is busy; `free` is left to the caller.
+  double serve(double start, double bytes, double bandwidth, double burst) {
+    if (!(burst > 0)) return bytes / bandwidth;
+    const double avail = std::min(burst, tokens + (start - free) * bandwidth);
+    const double used = std::min(avail, bytes);
+    tokens = avail - used;
+    return (bytes - used) / bandwidth;
+  }
 };
 
 }  // namespace chorus::sim
