@@ -678,10 +678,12 @@ class Engine {
     Msg* m = e.msg;
     switch (e.kind) {
       case Ev::ready:
-        if (m->rendezvous)
-          schedule(control_leaves(m->src, m->dst, now_) + link(m->src, m->dst).latency + link(m->src, m->dst).handshake, Ev::rts, m);
-        else
+        if (m->rendezvous) {
+          const LinkClass& c = link(m->src, m->dst);
+          schedule(control_leaves(m->src, m->dst, now_) + c.latency + c.handshake, Ev::rts, m);
+        } else {
           start_data(m, now_);
+        }
         return;
       case Ev::rts:
         m->header = true;
