@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 /// sim.host: the host in the network model (sim/network.hpp, NetworkModel::effective): the memory
 /// tier, CPU sharing, the core queues (of compute, and of per-message overheads), the speed of
-/// reductions in place, a rendezvous's handshake and a queue's token bucket change
+/// reductions in place, a rendezvous's handshake, a queue's token bucket and transfers that take a
+/// core (LinkClass::cpu_share) change
 /// simulated times as they say, and leave them alone
 /// where they do not apply. Reads this machine's presets (the directory is the first argument), which use them.
 /// Exit status 0 when every check passes, 1 otherwise (each failure printed).
@@ -180,6 +181,69 @@ int main(int argc, char** argv) {
               std::to_string(second * 1e6) + " us");
     sim::Server none;
     check(std::fabs(none.serve(1e-3, 65536, 1e8, 0) - 655.36e-6) < 1e-12, "no bucket: 64 KiB at the rate, 655.36 us");
+
+    // Transfers on cores (LinkClass::cpu_share): 2 ranks on 1 core exchange 1 MiB at once
+    // (recursive doubling). With no share, the two transfers overlap (one S/B); with a share of 1,
+    // each message's send and receive take the core for S/B, four in a row: at least 4 S/B; with
+    // a share of 1/2, at least 2 S/B. On 2 cores nothing queues and the share changes nothing.
+    sim::NetworkModel copying = plain;
+    copying.reduce_rate = copying.copy_rate = 1e12;
+    copying.cores = 1;
+    copying.core_queues = true;
+    const double wire = static_cast<double>(1 << 20) / plain.intra.bandwidth * 1e6;
+    const double apart = all_reduce_us(copying, 2, 1 << 20, rd);
+    copying.intra.cpu_share = 1;
+    const double whole = all_reduce_us(copying, 2, 1 << 20, rd);
+    copying.intra.cpu_share = 0.5;
+    const double half = all_reduce_us(copying, 2, 1 << 20, rd);
+    check(whole >= 4 * wire && half >= 2 * wire && half < whole && apart < 1.1 * wire,
+          "1 MiB exchange, 2 ranks on 1 core: share 1 " + std::to_string(whole) + " us >= 4 x " + std::to_string(wire) +
+              " us, share 0.5 " + std::to_string(half) + " us >= 2 x, share 0 " + std::to_string(apart) + " us < 1.1 x");
+    copying.cores = 2;
+    const double two_cores = all_reduce_us(copying, 2, 1 << 20, rd);
+    copying.intra.cpu_share = 0;
+    check(two_cores == all_reduce_us(copying, 2, 1 << 20, rd),
+          "2 ranks on 2 cores: a share of 0.5 " + std::to_string(two_cores) + " us, as none");
+    copying.intra.cpu_share = 1.5;
+    check(refuses(copying, "intra.cpu_share"), "a cpu_share of 1.5 is refused, naming 'intra.cpu_share'");
+
+    // Calls back to back (sim::simulate's `calls`): a ring of 2 ranks ends each call on both
+    // ranks at once, so a second call takes what the first did; across a token bucket the first
+    // call's idle tail refills it, and the second call of a double tree is no slower than the first.
+    {
+      const sim::Layout two{1, 2};
+      sim::Engine engine(plain, two);
+      sim::Arena arena(std::size_t(1) << 26);
+      const auto kind = chorus::algo::CollectiveKind::all_reduce;
+      const sim::Call call{kind, chorus::DataType::float32, chorus::ReduceOp::sum, (1 << 20) / 4, 0};
+      const auto choice = sim::choice_for({chorus::algo::Algorithm::ring}, kind, 1 << 20, sim::plan_inputs(plain, two));
+      const double one = sim::simulate(engine, arena, call, choice).seconds;
+      const double second = sim::simulate(engine, arena, call, choice, 2).seconds;
+      check(std::fabs(second - one) <= 1e-9 * one, "1 MiB ring, 2 ranks: the second of two calls " + std::to_string(second * 1e6) +
+                                                       " us, as one call " + std::to_string(one * 1e6) + " us");
+      bool refused = false;
+      try {
+        sim::simulate(engine, arena, call, choice, 0);
+      } catch (const chorus::Error&) {
+        refused = true;
+      }
+      check(refused, "0 calls are refused");
+    }
+    {
+      sim::NetworkModel shaped = plain;
+      shaped.inter = {50e-6, 125e6, 10e-6, 64 << 10, 256 << 10};
+      shaped.inter.burst_bytes = 256 << 10;
+      const sim::Layout four{4, 1};
+      sim::Engine engine(shaped, four);
+      sim::Arena arena(std::size_t(1) << 26);
+      const auto kind = chorus::algo::CollectiveKind::all_reduce;
+      const sim::Call call{kind, chorus::DataType::float32, chorus::ReduceOp::sum, (64 << 10) / 4, 0};
+      const auto choice = sim::choice_for({tree}, kind, 64 << 10, sim::plan_inputs(shaped, four));
+      const double one = sim::simulate(engine, arena, call, choice).seconds;
+      const double second = sim::simulate(engine, arena, call, choice, 2).seconds;
+      check(second <= one, "64 KiB double tree, 4 hosts, 256 KiB buckets: the second of two calls " + std::to_string(second * 1e6) +
+                               " us, no slower than one call " + std::to_string(one * 1e6) + " us");
+    }
 
     shared.cores = -1;
     check(refuses(shared, "cores"), "cores -1 is refused, naming 'cores'");

@@ -83,6 +83,7 @@ struct Task {
   chorus::sim::Candidate cand;
   chorus::sim::Call call;
   chorus::algo::Choice choice;
+  int calls = 1;  ///< back to back; the last one's time (sim::simulate)
 };
 
 double thread_cpu_seconds() {
@@ -96,7 +97,7 @@ Outcome run_task(chorus::sim::Engine& e, const chorus::sim::Arena& arena, const 
   o.task = index;
   const double cpu0 = thread_cpu_seconds();
   try {
-    const chorus::sim::Result r = chorus::sim::simulate(e, arena, t.call, t.choice);
+    const chorus::sim::Result r = chorus::sim::simulate(e, arena, t.call, t.choice, t.calls);
     o.seconds = r.seconds;
     o.finished = r.finished;
     o.events = r.events;
@@ -247,7 +248,7 @@ int main(int argc, char** argv) {
   namespace sim = chorus::sim;
   CLI::App app{"sim_perf: chorus's algorithms over a simulated network"};
   std::string preset, collective = "all_reduce", algo = "all", dtype_name = "float32", json_path, min_s = "8", max_s = "1G";
-  int hosts = 1, local = 1, jobs = 1;
+  int hosts = 1, local = 1, jobs = 1, calls = 1;
   std::size_t factor = 4, stack_kib = 32;
   app.add_option("--preset", preset, "network model (JSON, bench/sim/presets/)")->required();
   app.add_option("--hosts", hosts, "hosts")->check(CLI::PositiveNumber);
@@ -261,6 +262,10 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype_name, "data type")->capture_default_str();
   app.add_option("-J,--output_file", json_path, "JSON output (rows and choices)");
   app.add_option("--stack-kib", stack_kib, "fiber stack per virtual rank, KiB")->check(CLI::Range(16, 8192))->capture_default_str();
+  app.add_option("--calls", calls, "calls back to back per simulation, the time being the last one's (as a timed loop "
+                                    "of calls sees it; scripts/sim-validate: 2)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   app.add_option("--jobs", jobs, "worker processes, each simulating whole calls (sizes, algorithms) of its own")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
@@ -323,7 +328,7 @@ int main(int argc, char** argv) {
                              (c.algorithm != chorus::algo::Algorithm::hierarchical || c.latency == en.pick.latency);
         if (algo == "auto" && !is_pick) continue;
         en.tasks.push_back(tasks.size());
-        tasks.push_back(Task{entries.size(), c, call, sim::choice_for(c, kind, bytes, in)});
+        tasks.push_back(Task{entries.size(), c, call, sim::choice_for(c, kind, bytes, in), calls});
       }
       entries.push_back(std::move(en));
       if (size == 0 || size > max_b / factor) break;
@@ -331,6 +336,7 @@ int main(int argc, char** argv) {
 
     std::printf("# sim_perf: %s over %d hosts x %d ranks (%d ranks), preset '%s' (%s)\n", collective.c_str(), hosts, local, n,
                 model.name.c_str(), preset.c_str());
+    if (calls > 1) std::printf("# %d calls back to back per row, the time being the last one's\n", calls);
     std::printf("# model: intra %.2f us, %.3g GB/s, overhead %.2f us, eager %zu B; inter %.2f us, %.3g GB/s per %s, overhead "
                 "%.2f us, eager %zu B; reduce %.3g GB/s\n",
                 model.intra.latency * 1e6, model.intra.bandwidth / 1e9, model.intra.overhead * 1e6, model.intra.eager_bytes,
@@ -340,7 +346,8 @@ int main(int argc, char** argv) {
                 "algbw", "busbw", "events");
     nlohmann::json out = {{"preset", model.name},    {"preset_file", preset}, {"collective", collective},
                           {"hosts", hosts},          {"ranks_per_host", local}, {"ranks", n},
-                          {"dtype", dtype_name},     {"rows", nlohmann::json::array()},
+                          {"dtype", dtype_name},     {"calls", calls},
+                          {"rows", nlohmann::json::array()},
                           {"choices", nlohmann::json::array()}};
     int worst_size = -1;
     double worst = 0;

@@ -58,7 +58,7 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
     if (!j.contains(key)) bad(std::string("missing '") + key + "'");
     const auto& o = j.at(key);
     const std::string where = std::string(key) + ".";
-    known(o, {"latency_us", "bandwidth_GBps", "bandwidth_Gbitps", "overhead_us", "eager_bytes", "slice_bytes", "burst_bytes", "handshake_us", "notes"}, where);
+    known(o, {"latency_us", "bandwidth_GBps", "bandwidth_Gbitps", "overhead_us", "eager_bytes", "slice_bytes", "burst_bytes", "handshake_us", "cpu_share", "notes"}, where);
     c.latency = number(o, "latency_us", where) * 1e-6;
     if (o.contains("bandwidth_Gbitps"))
       c.bandwidth = number(o, "bandwidth_Gbitps", where) * 1e9 / 8;
@@ -69,6 +69,7 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
     c.slice_bytes = static_cast<std::size_t>(number(o, "slice_bytes", where));
     c.burst_bytes = o.contains("burst_bytes") ? number(o, "burst_bytes", where) : 0.0;
     c.handshake = o.contains("handshake_us") ? number(o, "handshake_us", where) * 1e-6 : 0.0;
+    c.cpu_share = o.contains("cpu_share") ? number(o, "cpu_share", where) : 0.0;
     return c;
   };
   m.intra = link("intra");

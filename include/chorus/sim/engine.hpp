@@ -348,9 +348,20 @@ class Engine {
   void cpu(int me, double seconds, bool queued) {
     if (!queued) return charge(me, seconds);
     const double t = clock(me);
+    charge(me, on_core(me, t, seconds) - t);
+  }
+  /// Books `seconds` of rank `me`'s CPU work on a core of its pool from t on; returns its end.
+  double on_core(int me, double t, double seconds) {
     const int pool = m_.hosts_share_cores ? 0 : layout_.host_of(me);
-    const int cores = std::max(1, static_cast<int>(m_.cores + 0.5));
-    charge(me, cores_.run(pool, cores, t, seconds) - t);
+    return cores_.run(pool, std::max(1, static_cast<int>(m_.cores + 0.5)), t, seconds);
+  }
+  /// When a transfer of `d` seconds that `me` (its sender or its receiver) could start at t
+  /// starts: at t, or, where part of its link class's transfers is CPU work (LinkClass::cpu_share)
+  /// and the model queues CPU work for cores, once a core of `me`'s pool is free for that part.
+  double transfer_start(int me, const LinkClass& c, double t, double d) {
+    if (!(c.cpu_share > 0) || !cores_queue_) return t;
+    const double work = c.cpu_share * d;
+    return on_core(me, t, work) - work;
   }
   /// A message's CPU overhead on rank `me` (its sender, or its receiver once it waited): queued
   /// for a core where the model queues overheads (NetworkModel::overhead_queues).
@@ -660,7 +671,9 @@ class Engine {
     const LinkClass& c = link(m->src, m->dst);
     Server& s = tx(m->src, m->dst);
     m->tx_start = std::max(ready, s.free);
-    m->tx_end = m->tx_start + s.serve(m->tx_start, static_cast<double>(m->bytes), c.bandwidth, c.burst_bytes);
+    const double busy = s.serve(m->tx_start, static_cast<double>(m->bytes), c.bandwidth, c.burst_bytes);
+    m->tx_start = transfer_start(m->src, c, m->tx_start, busy);
+    m->tx_end = m->tx_start + busy;
     s.free = m->tx_end;
     if (m_.control_queue_bytes > 0 && !same_host(m->src, m->dst)) {
       double& f = find_pair(ranks_[static_cast<std::size_t>(m->dst)], m->src, m->lane)->data_free;
@@ -704,8 +717,10 @@ class Engine {
   bool arrive(Msg* m) {
     const LinkClass& c = link(m->src, m->dst);
     Server& s = rx(m->src, m->dst);
-    const double start = std::max(m->tx_start + c.latency, s.free);
-    const double delivered = std::max(start + s.serve(start, static_cast<double>(m->bytes), c.bandwidth, c.burst_bytes), m->tx_end + c.latency);
+    double start = std::max(m->tx_start + c.latency, s.free);
+    const double busy = s.serve(start, static_cast<double>(m->bytes), c.bandwidth, c.burst_bytes);
+    start = transfer_start(m->dst, c, start, busy);
+    const double delivered = std::max(start + busy, m->tx_end + c.latency);
     s.free = delivered;
     if (delivered <= now_) return true;
     schedule(delivered, Ev::deliver, m);
@@ -785,6 +800,7 @@ class Engine {
   std::size_t call_bytes_ = 0;
   Layout layout_;
   bool overheads_queue_ = base_.overhead_queues && base_.queues_for_cores(layout_.hosts, layout_.ranks_per_host);
+  bool cores_queue_ = base_.queues_for_cores(layout_.hosts, layout_.ranks_per_host);
   Stacks stacks_;
   std::vector<Rank> ranks_;
   std::vector<int> host_;  ///< per rank

@@ -62,7 +62,13 @@
 ///   overheads and `wake` stay as above, unless `overhead_queues` (optional) queues the
 ///   overheads for the cores as well: a message costs its sender and its receiver `overhead` of
 ///   a core each, so a step in which every rank sends and receives (a ring's) takes ranks / cores
-///   overheads, one in which a few do (a tree's upper levels) about one.
+///   overheads, one in which a few do (a tree's upper levels) about one. A link class's
+///   `cpu_share` (optional, 0 to 1, default 0) makes that share of its transfers CPU work too:
+///   with core_queues, a message of S/B on the sender's tx queue, and again on the receiver's rx
+///   queue, starts only once a core of that rank's pool has cpu_share x S/B free for it (shm's
+///   copies into and out of the segment, loopback tcp's kernel copies into and out of the socket
+///   run on the ranks' cores, while part of the time goes to memory the cores do not hold); with
+///   a share of 1, 4 ranks exchanging at once on 2 cores take twice as long as 2 would.
 
 #include <algorithm>
 #include <cstddef>
@@ -82,6 +88,7 @@ struct LinkClass {
   std::size_t slice_bytes = 256 << 10;///< the pipeline slice the cost model plans with (TransportModel::slice)
   double handshake = 0;               ///< seconds a rendezvous's handshake costs beyond its two latencies (the peers' wake-ups)
   double burst_bytes = 0;             ///< a token bucket per queue (a shaper's burst, as tc tbf's), empty at the start of a call; 0: none
+  double cpu_share = 0;               ///< the share of a transfer's time that is CPU work of its sender and of its receiver (copies), 0 to 1
 };
 
 struct NetworkModel {
@@ -121,6 +128,7 @@ struct NetworkModel {
       if (c->slice_bytes == 0) bad((std::string(k) + ".slice_bytes must be > 0").c_str());
       if (!(c->burst_bytes >= 0)) bad((std::string(k) + ".burst_bytes must be >= 0").c_str());
       if (!(c->handshake >= 0)) bad((std::string(k) + ".handshake must be >= 0 seconds").c_str());
+      if (!(c->cpu_share >= 0 && c->cpu_share <= 1)) bad((std::string(k) + ".cpu_share must be within 0 to 1").c_str());
     }
     if (!(reduce_rate > 0)) bad("reduce_rate must be > 0 bytes/s");
     if (!(copy_rate > 0)) bad("copy_rate must be > 0 bytes/s");
