@@ -9,12 +9,10 @@
 /// inputs make every reduction order give the same bits), the other ranks' inputs for the
 /// data-movement collectives.
 
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <memory>
 #include <span>
 #include <sstream>
@@ -245,12 +243,8 @@ void run_all(Comm& comm, chorus::device::Runtime& rt, const std::string& where) 
   Runner<Comm> run{comm, rt, stream, where};
   const int root = world - 1;
   const std::size_t large = chorus::test::kSanitized ? 4099 : 40009;
-  // Under TSan a 32-bit float, a 16-bit float and a 64- and an 8-bit integer (sanitized.hpp).
-  constexpr DataType kThreadSanitizedTypes[] = {DataType::float32, DataType::bfloat16, DataType::int64, DataType::uint8};
   for (DataType dt : chorus::kAllDataTypes) {
-    if (chorus::test::kThreadSanitized &&
-        std::find(std::begin(kThreadSanitizedTypes), std::end(kThreadSanitizedTypes), dt) == std::end(kThreadSanitizedTypes))
-      continue;
+    if (!chorus::test::runs_under_tsan(dt)) continue;  // four of the ten under TSan (sanitized.hpp)
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{1000}, large}) {
       if (count == large && dt != DataType::float32 && dt != DataType::bfloat16 && dt != DataType::int64) continue;
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::band,

@@ -3,8 +3,11 @@
 /// kSanitized: true in the AddressSanitizer and ThreadSanitizer builds, which run 3-10x slower.
 /// Tests shrink their data volume there (sizes, counts, repetitions), never their code paths: the
 /// release build runs the full volume. kThreadSanitized: the ThreadSanitizer build alone, where the
-/// device matrix (device_matrix.hpp) runs a few of the ten dtypes: their code paths differ in the
-/// reduction kernels, not in the threads TSan watches, and the release and ASan builds run all ten.
+/// dtype matrices (the device matrix, device_matrix.hpp; the grid emulator's kernel bodies,
+/// unit/test_kernels.cpp) run four of the ten dtypes (runs_under_tsan): their code paths differ in
+/// the element type, not in the threads TSan watches, and the release and ASan builds run all ten.
+
+#include "chorus/core/types.hpp"
 
 namespace chorus::test {
 
@@ -19,5 +22,12 @@ inline constexpr bool kThreadSanitized = true;
 #else
 inline constexpr bool kThreadSanitized = false;
 #endif
+
+/// Whether a dtype matrix runs `dt` in this build: every dtype, but under TSan a 32-bit float, a
+/// 16-bit float and a 64- and an 8-bit integer.
+inline constexpr bool runs_under_tsan(DataType dt) {
+  return !kThreadSanitized || dt == DataType::float32 || dt == DataType::bfloat16 || dt == DataType::int64 ||
+         dt == DataType::uint8;
+}
 
 }  // namespace chorus::test
