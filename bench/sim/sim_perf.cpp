@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
   app.add_option("-J,--output_file", json_path, "JSON output (rows and choices)");
   app.add_option("--stack-kib", stack_kib, "fiber stack per virtual rank, KiB")->check(CLI::Range(16, 8192))->capture_default_str();
   app.add_option("--calls", calls, "calls back to back per simulation, the time being the last one's (as a timed loop "
-                                    "of calls sees it; scripts/sim-validate: 2)")
+                                    "of calls sees it; scripts/sim-validate --calls)")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
   app.add_option("--jobs", jobs, "worker processes, each simulating whole calls (sizes, algorithms) of its own")

@@ -350,6 +350,8 @@ class Engine {
     const double t = clock(me);
     charge(me, on_core(me, t, seconds) - t);
   }
+  /// Whether this layout's copies and reductions queue for cores (NetworkModel::queues_for_cores).
+  bool cores_queue() const { return cores_queue_; }
   /// Books `seconds` of rank `me`'s CPU work on a core of its pool from t on; returns its end.
   double on_core(int me, double t, double seconds) {
     const int pool = m_.hosts_share_cores ? 0 : layout_.host_of(me);
@@ -799,8 +801,8 @@ class Engine {
   NetworkModel m_, base_;
   std::size_t call_bytes_ = 0;
   Layout layout_;
-  bool overheads_queue_ = base_.overhead_queues && base_.queues_for_cores(layout_.hosts, layout_.ranks_per_host);
-  bool cores_queue_ = base_.queues_for_cores(layout_.hosts, layout_.ranks_per_host);
+  bool cores_queue_ = base_.queues_for_cores(layout_.hosts, layout_.ranks_per_host);  ///< CPU work queues for cores (NetworkModel::core_queues)
+  bool overheads_queue_ = base_.overhead_queues && cores_queue_;
   Stacks stacks_;
   std::vector<Rank> ranks_;
   std::vector<int> host_;  ///< per rank

@@ -99,7 +99,7 @@ class Executor final : public exec::Executor {
   }
 
   /// Charges `seconds` of compute to the rank: at once, or queued for a core of its pool.
-  void compute(double seconds) { e_.cpu(rank_, seconds, e_.model().queues_for_cores(e_.layout().hosts, e_.layout().ranks_per_host)); }
+  void compute(double seconds) { e_.cpu(rank_, seconds, e_.cores_queue()); }
 
   Engine& e_;
   int rank_;
