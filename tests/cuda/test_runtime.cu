@@ -117,6 +117,45 @@ TEST_CASE("runtime: copies and fills between host, pinned and device memory, ord
   rt.free_device(dev);
 }
 
+TEST_CASE("runtime: after load_kernels, a reduction's first launch runs while a wait_flag holds another stream") {
+  // Without load_kernels, CUDA's lazy loading loads a kernel at its first launch, and that load may
+  // wait for the whole device, here for the wait_flag kernel, which waits for this thread: the
+  // launch would return only once the flag timed out (10 s), after which `held` is past its end.
+  // A communicator calls load_kernels before its first call on device buffers. This is the first
+  // test of the file to launch a reduction (doctest runs them in file order), and no later
+  // one reduces int8 with bxor.
+  CudaRuntime rt;
+  rt.load_kernels();
+  rt.load_kernels();  // again: at once
+  auto* flag = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
+  *flag = 0;
+  constexpr std::size_t kCount = 4099;
+  auto* d = static_cast<std::int8_t*>(rt.alloc_device(kCount));
+  std::vector<std::int8_t> host(kCount);
+  for (std::size_t i = 0; i < kCount; ++i) host[i] = static_cast<std::int8_t>(i * 7);
+  StreamAndEvents held(rt), work(rt);
+  rt.copy(d, host.data(), kCount, work.s);
+  rt.synchronize(work.s);
+  rt.wait_flag(held.s, flag, 10'000'000'000ull);
+  rt.record(held.end, held.s);
+  const void* srcs[3] = {d, d, d};
+  rt.reduce_many(chorus::ReduceOp::bxor, chorus::DataType::int8, d, srcs, 3, kCount, work.s);  // x ^ x ^ x = x
+  rt.record(work.end, work.s);
+  rt.synchronize(work.end);
+  CHECK_FALSE(rt.query(held.end));  // still held: the reduction did not wait for the flag
+  std::atomic_ref<std::uint32_t>(*flag).store(1, std::memory_order_release);
+  rt.synchronize(held.end);
+  std::vector<std::int8_t> got(kCount);
+  auto* got_p = static_cast<std::int8_t*>(rt.alloc_pinned(kCount));
+  rt.copy(got_p, d, kCount, work.s);
+  rt.synchronize(work.s);
+  std::memcpy(got.data(), got_p, kCount);
+  CHECK(got == host);
+  rt.free_pinned(got_p);
+  rt.free_device(d);
+  rt.free_pinned(flag);
+}
+
 TEST_CASE("runtime: reduce and finalize_avg through the runtime") {
   CudaRuntime rt;
   constexpr std::size_t kCount = 1001;
@@ -190,6 +229,9 @@ TEST_CASE("runtime: wait_flag gives up after its timeout; elapsed_ms measures it
 
 TEST_CASE("runtime: wait_value holds a stream until another stream's write_value, which follows its work") {
   CudaRuntime rt;
+  // The wait_flag below is launched while the wait_value spins: loaded lazily at that launch, it
+  // would wait for the device, that is for the wait_value (until its timeout). On an H200 it did.
+  rt.load_kernels();
   auto* word = static_cast<std::uint64_t*>(rt.alloc_device(64));
   auto* data = static_cast<std::uint32_t*>(rt.alloc_device(sizeof(std::uint32_t)));
   auto* gate = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));

@@ -337,6 +337,58 @@ TEST_CASE("sim runtime: a stream blocked on a flag does not block another") {
   rt.free_pinned(flag);
 }
 
+TEST_CASE("sim runtime: a kernel's first launch while a wait_flag holds a stream is refused; loaded kernels are not") {
+  // CUDA loads kernels lazily, and a load may wait for the whole device: on a GPU the reduce below
+  // would wait for the wait_flag kernel, which waits for the host's release that comes after it.
+  SimRuntime rt;
+  Stream held = rt.create_stream();
+  Stream work = rt.create_stream();
+  auto* flag = new_flag(rt);
+  auto* d = static_cast<std::int32_t*>(rt.alloc_device(8 * sizeof(std::int32_t)));
+  rt.fill(d, 0, 8 * sizeof(std::int32_t), work);
+  rt.reduce(ReduceOp::max, DataType::int32, d, d, d, 8, work);  // loads max/int32: nothing held yet
+  rt.wait_flag(held, flag, kLong);
+  rt.reduce(ReduceOp::max, DataType::int32, d, d, d, 8, work);  // already loaded: fine
+  const std::string why = error_of([&] { rt.reduce(ReduceOp::sum, DataType::int32, d, d, d, 8, work); },
+                                   ErrorCode::system);
+  CHECK(contains(why, "reduce_async: cudaErrorLaunchFailure (719)"));
+  CHECK(contains(why, "lazy loading"));
+  CHECK(contains(why, "wait_flag"));
+  // avg launches sum's kernel; the refused launch loaded nothing.
+  CHECK(contains(error_of([&] { rt.reduce(ReduceOp::avg, DataType::int32, d, d, d, 8, work); }, ErrorCode::system),
+                 "lazy loading"));
+  release(flag);
+  rt.synchronize(held);
+  rt.reduce(ReduceOp::sum, DataType::int32, d, d, d, 8, work);  // nothing held: loads
+  // A wait_value holds a stream the same way (a peer's step flag, in a direct collective).
+  auto* word = static_cast<std::uint64_t*>(rt.alloc_device(sizeof(std::uint64_t)));
+  auto* abort = new_flag(rt);
+  rt.fill(word, 0, sizeof(std::uint64_t), work);
+  rt.synchronize(work);
+  rt.wait_value(held, word, 1, abort, 7, kLong);
+  CHECK(contains(error_of([&] { rt.finalize_avg(DataType::int32, d, 8, 2, work); }, ErrorCode::system),
+                 "finalize_avg_async: cudaErrorLaunchFailure (719)"));
+  std::atomic_ref<std::uint64_t>(*word).store(1, std::memory_order_release);  // the simulated device is host memory
+  rt.synchronize(held);
+  CHECK(*abort == 0u);
+  // After load_kernels every kernel is loaded: a first launch beside a held stream is fine.
+  rt.load_kernels();
+  auto* flag2 = new_flag(rt);
+  rt.wait_flag(held, flag2, kLong);
+  rt.reduce(ReduceOp::prod, DataType::float64, d, d, d, 4, work);
+  rt.finalize_avg(DataType::int32, d, 8, 2, work);
+  rt.synchronize(work);
+  release(flag2);
+  rt.synchronize(held);
+  rt.free_device(d);
+  rt.free_device(word);
+  rt.free_pinned(abort);
+  rt.free_pinned(flag);
+  rt.free_pinned(flag2);
+  rt.destroy_stream(held);
+  rt.destroy_stream(work);
+}
+
 TEST_CASE("sim runtime: events mark queue positions; query and synchronize") {
   SimRuntime rt;
   Stream s = rt.create_stream();
@@ -479,6 +531,9 @@ struct FlagRig {
 TEST_CASE("sim runtime: wait_value waits for another stream's write_value and sees the work before it") {
   FlagRig rig;
   SimRuntime& rt = rig.rt;
+  // The wait_flag and write_value below launch while the wait_value holds a stream: loaded lazily
+  // they would wait for it (on a GPU; here they throw). tests/cuda/test_runtime.cu's twin does the same.
+  rt.load_kernels();
   Stream producer = rig.s;
   Stream consumer = rt.create_stream();
   std::uint64_t* word = rig.word;

@@ -29,8 +29,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "chorus/core/error.hpp"
 #include "chorus/device/runtime.hpp"
@@ -227,6 +229,26 @@ class CudaRuntime final : public Runtime {
   }
   void ipc_close(void* p) override { detail::cuda_check(cudaIpcCloseMemHandle(p), "cudaIpcCloseMemHandle"); }
 
+  void load_kernels() override {
+    const int device = current_device();
+    {
+      std::lock_guard g(loaded_mu_);
+      if (device < static_cast<int>(loaded_.size()) && loaded_[static_cast<std::size_t>(device)]) return;
+    }
+    detail::cuda_check(load_reduce_kernels(), "cudaFuncGetAttributes");
+    cudaFuncAttributes attr;
+    detail::cuda_check(cudaFuncGetAttributes(&attr, detail::wait_flag_kernel<const volatile std::uint32_t*>),
+                       "cudaFuncGetAttributes");
+    detail::cuda_check(cudaFuncGetAttributes(&attr, detail::write_value_kernel<volatile std::uint64_t*>),
+                       "cudaFuncGetAttributes");
+    detail::cuda_check(
+        cudaFuncGetAttributes(&attr, detail::wait_value_kernel<const volatile std::uint64_t*, volatile std::uint32_t*>),
+        "cudaFuncGetAttributes");
+    std::lock_guard g(loaded_mu_);
+    if (device >= static_cast<int>(loaded_.size())) loaded_.resize(static_cast<std::size_t>(device) + 1, false);
+    loaded_[static_cast<std::size_t>(device)] = true;
+  }
+
   Stream create_stream() override {
     cudaStream_t s = nullptr;
     detail::cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -331,6 +353,10 @@ class CudaRuntime final : public Runtime {
     return {fd, static_cast<std::uint64_t>(at - first)};
   }
   // --- end of device memory for an RDMA NIC (dma-buf) ----------------------------------------
+
+ private:
+  std::mutex loaded_mu_;
+  std::vector<bool> loaded_;  ///< by device: load_kernels has run there
 };
 
 }  // namespace chorus::device

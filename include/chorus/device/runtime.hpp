@@ -100,6 +100,15 @@ class Runtime {
   /// Unmaps what ipc_open mapped (cudaIpcCloseMemHandle); waits for the work enqueued before it.
   virtual void ipc_close(void* p) = 0;
 
+  // --- kernels -------------------------------------------------------------------------------
+  /// Loads, on the current device, every kernel this runtime launches, so that none is loaded at
+  /// its first launch. CUDA loads kernels lazily by default (CUDA_MODULE_LOADING=LAZY since 12.2),
+  /// and loading one may wait until the whole device is idle: a call's first reduction kernel would
+  /// then wait for the wait_flag kernel that holds the caller's stream until that very call is
+  /// over, a deadlock. The communicator calls this before its first call on device buffers; it is
+  /// cheap after the first time on a device. The default does nothing (nothing loads lazily).
+  virtual void load_kernels() {}
+
   // --- streams and events --------------------------------------------------------------------
   virtual Stream create_stream() = 0;  ///< cudaStreamCreateWithFlags(cudaStreamNonBlocking)
   virtual void destroy_stream(Stream s) = 0;

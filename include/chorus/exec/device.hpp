@@ -312,7 +312,10 @@ class TicketPool {
   TicketPool& operator=(const TicketPool&) = delete;
 
   /// Enqueues the handshake on `user` and returns the ticket's issue (released once by the call).
-  TicketRef issue(device::Stream user, std::chrono::milliseconds timeout) {
+  /// `hold` false: only `ready`, for a call whose caller waits on the host until it is over (a
+  /// blocking call without a stream), so nothing after it on `user` can run early and no kernel
+  /// needs to hold the stream.
+  TicketRef issue(device::Stream user, std::chrono::milliseconds timeout, bool hold = true) {
     std::shared_ptr<StreamTicket> t;
     for (auto& c : tickets_)
       if (c->open.load(std::memory_order_acquire) == 0 && rt_.query(c->passed)) {
@@ -330,7 +333,7 @@ class TicketPool {
     std::atomic_ref<std::uint32_t>(*t->flag).store(0, std::memory_order_relaxed);
     t->open.store(gen, std::memory_order_release);
     rt_.record(t->ready, user);
-    rt_.wait_flag(user, t->flag, static_cast<std::uint64_t>(timeout.count()) * 1000000u);
+    if (hold) rt_.wait_flag(user, t->flag, static_cast<std::uint64_t>(timeout.count()) * 1000000u);
     rt_.record(t->passed, user);
     return {t, gen};
   }

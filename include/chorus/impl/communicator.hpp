@@ -432,7 +432,9 @@ Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* 
   std::unique_lock lk(st.call_mu);  // the executor and its tickets are made and issued in call order
   a.exec = &st.device_executor();
   if (st.exec.pending() == 0) st.device_exec->collect();  // no call in flight: no stream held by a flag
-  auto ticket = st.tickets->issue(stream ? *stream : nullptr, st.boot.options.timeout);
+  // A blocking call without a stream returns once its results are final: the default stream
+  // need not be held (only its earlier work waited for).
+  auto ticket = st.tickets->issue(stream ? *stream : nullptr, st.boot.options.timeout, async || stream != nullptr);
   lk.unlock();
   return collective(d, a, async || stream != nullptr, std::move(ticket));
 }

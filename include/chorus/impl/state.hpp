@@ -177,6 +177,7 @@ struct Communicator<T>::State {
   }
   exec::DeviceExecutor& device_executor() {
     if (!device_exec) {
+      runtime->load_kernels();  // before any ticket holds a stream: see device::Runtime::load_kernels
       device_exec = std::make_unique<exec::DeviceExecutor>(*runtime, boot.options.timeout);
       tickets = std::make_unique<exec::TicketPool>(*runtime);
     }

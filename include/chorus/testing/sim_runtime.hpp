@@ -49,6 +49,14 @@
 ///   forever), and every later query, synchronize and launch on the stream, or on an event
 ///   recorded on it, throws chorus::Error(system) "<call>: cudaErrorXxx (N): <what>".
 /// * free_device and free_pinned wait for the work enqueued before them, as cudaFree does.
+/// * Kernels load lazily, as CUDA's do by default (CUDA_MODULE_LOADING=LAZY): until load_kernels(),
+///   the first launch of each kernel (reduce and reduce_many per op and dtype, finalize_avg per
+///   dtype, wait_flag, write_value, wait_value) loads it, and a load may wait for the whole device.
+///   A first launch while a wait_flag or wait_value is still holding a stream throws at the call
+///   (cudaErrorLaunchFailure, naming the kernel): on a GPU that load would wait for the waiting
+///   kernel, which waits for the host or a peer, which may wait for this launch (on an H200 a
+///   wait_flag's and a reduction's first launches did, until the wait's timeout). CUDA_MODULE_LOADING=EAGER in
+///   the environment loads every kernel at construction, as it does for CUDA.
 /// * Destruction drops queued work (the operation running finishes, a wait_flag gives up), joins
 ///   the workers and releases the memory.
 /// * Fault injection: fail_after(call, n, error), or CHORUS_SIM_FAIL="call:n:error[,...]" read by
@@ -69,6 +77,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -137,6 +146,7 @@ class SimRuntime final : public Runtime {
   void write_value(Stream s, std::uint64_t* word, std::uint64_t value) override;
   void wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
                   std::uint32_t on_timeout, std::uint64_t timeout_ns) override;
+  void load_kernels() override;
 
   // --- device memory for an RDMA NIC (dma-buf) -----------------------------------------------
   /// A dup of the memfd behind the allocation that holds [p, p + bytes) (made as ipc_export makes
@@ -201,6 +211,7 @@ class SimRuntime final : public Runtime {
     std::uint64_t enqueued = 0;   ///< operations ever enqueued
     std::uint64_t completed = 0;  ///< operations passed (run or skipped), in order
     std::optional<StreamError> error;
+    int holds = 0;         ///< wait_flag and wait_value operations enqueued and not yet passed
     bool closing = false;  ///< destroyed: run what is queued, then exit
     bool exited = false;
     std::condition_variable cv;  ///< the worker's: work, closing, stopping
@@ -285,6 +296,10 @@ class SimRuntime final : public Runtime {
   std::map<const EventState*, std::shared_ptr<EventState>> events_;
   std::map<std::string, Injection, std::less<>> injections_;
   std::map<std::string, std::pair<int, std::chrono::milliseconds>, std::less<>> stalls_;  ///< call -> (n, how long)
+  bool kernels_loaded_ = false;        ///< load_kernels() ran, or CUDA_MODULE_LOADING=EAGER
+  std::set<std::uint32_t> loaded_;     ///< kernels loaded by a first launch (kernel_key)
+  /// Before a kernel's launch is queued (under mu_): its lazy load (see the model above).
+  void load_on_launch(const Op& op, std::string_view call);
 };
 
 }  // namespace chorus::device

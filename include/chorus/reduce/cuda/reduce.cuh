@@ -54,6 +54,11 @@ inline cudaError_t reduce_many_async(ReduceOp op, DataType dt, void* out, const 
 inline cudaError_t finalize_avg_async(DataType dt, void* data, std::size_t count, int world_size,
                                       cudaStream_t stream);
 
+/// Loads every reduction kernel above (each op and dtype, reduce, reduce_many and finalize_avg) on
+/// the current device (cudaFuncGetAttributes loads a kernel that lazy loading has not loaded yet),
+/// so that no launch of them waits to load one. Returns the first failure, or cudaSuccess.
+inline cudaError_t load_reduce_kernels();
+
 namespace detail {
 
 template <class Op, class T>
@@ -110,6 +115,31 @@ inline cudaError_t finalize_avg_async(DataType dt, void* data, std::size_t count
     detail::finalize_avg_kernel<T><<<shape.blocks, shape.threads, 0, stream>>>(args);
     return cudaGetLastError();
   });
+}
+
+inline cudaError_t load_reduce_kernels() {
+  cudaError_t first = cudaSuccess;
+  auto note = [&first](cudaError_t e) {
+    if (first == cudaSuccess) first = e;
+  };
+  auto load = [&](ReduceOp op, DataType dt) {
+    visit_reduce_kernel(op, dt, [&]<class Op, class T>() {
+      cudaFuncAttributes attr;
+      note(cudaFuncGetAttributes(&attr, detail::reduce_kernel<Op, T>));
+      note(cudaFuncGetAttributes(&attr, detail::reduce_many_kernel<Op, T>));
+    });
+  };
+  for (DataType dt : kAllDataTypes) {
+    for (ReduceOp op : kAllReduceOps)
+      if (op != ReduceOp::avg) load(op, dt);  // avg is sum's kernel
+    for (ReduceOp op : kBitwiseReduceOps)
+      if (reduce_kernel_exists(op, dt)) load(op, dt);
+    dispatch(dt, [&]<class T>(std::type_identity<T>) {
+      cudaFuncAttributes attr;
+      note(cudaFuncGetAttributes(&attr, detail::finalize_avg_kernel<T>));
+    });
+  }
+  return first;
 }
 
 }  // namespace chorus

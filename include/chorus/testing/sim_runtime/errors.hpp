@@ -61,6 +61,7 @@ inline constexpr int kCudaInvalidDevice = 101;
 inline constexpr int kCudaInvalidHandle = 400;
 inline constexpr int kCudaNotReady = 600;
 inline constexpr int kCudaIllegalAddress = 700;
+inline constexpr int kCudaLaunchFailure = 719;
 
 inline std::string hex(const void* p) {
   char buf[32];

@@ -24,6 +24,8 @@ inline constexpr std::string_view kSimCalls[] = {"alloc_device", "alloc_pinned",
 }  // namespace detail
 
 inline void SimRuntime::apply_env() {
+  if (const auto loading = chorus::detail::env_string("CUDA_MODULE_LOADING"); loading && *loading == "EAGER")
+    kernels_loaded_ = true;
   const auto v = chorus::detail::env_string("CHORUS_SIM_FAIL");
   if (!v) return;
   std::string_view rest = *v;

@@ -40,10 +40,37 @@ constexpr std::string_view sim_call_name(std::string_view call) noexcept {
 
 // --- work enqueued on a stream -------------------------------------------------------------------
 
+inline void SimRuntime::load_kernels() {
+  std::lock_guard lk(mu_);
+  kernels_loaded_ = true;
+}
+
+inline void SimRuntime::load_on_launch(const Op& op, std::string_view call) {
+  if (kernels_loaded_) return;
+  std::uint32_t key = static_cast<std::uint32_t>(op.kind) << 16;
+  if (op.kind == OpKind::reduce || op.kind == OpKind::reduce_many)
+    key |= static_cast<std::uint32_t>(op.op == ReduceOp::avg ? ReduceOp::sum : op.op) << 8;
+  if (op.kind == OpKind::reduce || op.kind == OpKind::reduce_many || op.kind == OpKind::finalize_avg)
+    key |= static_cast<std::uint32_t>(op.dt);
+  if (loaded_.count(key) != 0) return;
+  auto holds = [](const std::shared_ptr<StreamState>& st) { return st->holds > 0; };
+  bool held = holds(default_stream_);
+  for (const auto& [k, st] : streams_) held = held || holds(st);
+  if (held)
+    throw detail::cuda_error(detail::sim_call_name(call), detail::kCudaLaunchFailure,
+                             "the first launch of the " + std::string(call) +
+                                 " kernel loads it (lazy loading), which waits for the device, while a wait_flag "
+                                 "or wait_value holds a stream until the host or a peer releases it: a deadlock "
+                                 "on a GPU (load the kernels first: Runtime::load_kernels)");
+  loaded_.insert(key);
+}
+
 inline void SimRuntime::enqueue(Stream s, std::string_view call, Op op) {
   std::lock_guard lk(mu_);
   auto st = stream_of(s, detail::sim_call_name(call));
   throw_if_failed(*st);
+  if (op.kind != OpKind::copy && op.kind != OpKind::fill) load_on_launch(op, call);
+  if (op.kind == OpKind::wait_flag || op.kind == OpKind::wait_value) ++st->holds;
   op.inject = take_injection(call);
   if (auto it = stalls_.find(call); it != stalls_.end() && --it->second.first == 0) {
     op.stall = it->second.second;
