@@ -30,4 +30,12 @@ inline constexpr bool runs_under_tsan(DataType dt) {
          dt == DataType::uint8;
 }
 
+/// Whether a test whose largest counts dominate its time runs them for `dt` in this build: every
+/// dtype, but under either sanitizer the four of runs_under_tsan (the smaller counts still run for
+/// all ten). tests/collective/test_hierarchical.cpp: its 65537-element rows, the bandwidth form.
+inline constexpr bool largest_counts_for(DataType dt) {
+  return !kSanitized || dt == DataType::float32 || dt == DataType::bfloat16 || dt == DataType::int64 ||
+         dt == DataType::uint8;
+}
+
 }  // namespace chorus::test
