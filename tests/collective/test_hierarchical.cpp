@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstddef>
+#include <iterator>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -56,7 +57,7 @@ constexpr std::size_t kCounts[] = {0, 1, 7, 1021, 65537};
 /// Under a sanitizer the largest count runs for four of the ten dtypes (support/sanitized.hpp).
 template <class T>
 bool runs_count(std::size_t count) {
-  return count < 65537 || chorus::test::largest_counts_for(chorus::data_type_of<T>);
+  return count < kCounts[std::size(kCounts) - 1] || chorus::test::largest_counts_for(chorus::data_type_of<T>);
 }
 
 void expect(bool ok, const std::string& what) {

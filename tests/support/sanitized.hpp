@@ -23,19 +23,18 @@ inline constexpr bool kThreadSanitized = true;
 inline constexpr bool kThreadSanitized = false;
 #endif
 
-/// Whether a dtype matrix runs `dt` in this build: every dtype, but under TSan a 32-bit float, a
-/// 16-bit float and a 64- and an 8-bit integer.
-inline constexpr bool runs_under_tsan(DataType dt) {
-  return !kThreadSanitized || dt == DataType::float32 || dt == DataType::bfloat16 || dt == DataType::int64 ||
-         dt == DataType::uint8;
+/// The four dtypes a sanitizer build keeps where it cuts a matrix: a 32-bit float, a 16-bit float
+/// and a 64- and an 8-bit integer.
+inline constexpr bool in_sanitized_subset(DataType dt) {
+  return dt == DataType::float32 || dt == DataType::bfloat16 || dt == DataType::int64 || dt == DataType::uint8;
 }
+
+/// Whether a dtype matrix runs `dt` in this build: every dtype, but under TSan the four above.
+inline constexpr bool runs_under_tsan(DataType dt) { return !kThreadSanitized || in_sanitized_subset(dt); }
 
 /// Whether a test whose largest counts dominate its time runs them for `dt` in this build: every
 /// dtype, but under either sanitizer the four of runs_under_tsan (the smaller counts still run for
 /// all ten). tests/collective/test_hierarchical.cpp: its 65537-element rows, the bandwidth form.
-inline constexpr bool largest_counts_for(DataType dt) {
-  return !kSanitized || dt == DataType::float32 || dt == DataType::bfloat16 || dt == DataType::int64 ||
-         dt == DataType::uint8;
-}
+inline constexpr bool largest_counts_for(DataType dt) { return !kSanitized || in_sanitized_subset(dt); }
 
 }  // namespace chorus::test

@@ -434,9 +434,10 @@ Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* 
   if (st.exec.pending() == 0) st.device_exec->collect();  // no call in flight: no stream held by a flag
   // A blocking call without a stream returns once its results are final: the default stream
   // need not be held (only its earlier work waited for).
-  auto ticket = st.tickets->issue(stream ? *stream : nullptr, st.boot.options.timeout, async || stream != nullptr);
+  const bool returns_early = async || stream != nullptr;
+  auto ticket = st.tickets->issue(stream ? *stream : nullptr, st.boot.options.timeout, returns_early);
   lk.unlock();
-  return collective(d, a, async || stream != nullptr, std::move(ticket));
+  return collective(d, a, returns_early, std::move(ticket));
 }
 
 template <class T>

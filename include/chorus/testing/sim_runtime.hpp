@@ -55,8 +55,8 @@
 ///   A first launch while a wait_flag or wait_value is still holding a stream throws at the call
 ///   (cudaErrorLaunchFailure, naming the kernel): on a GPU that load would wait for the waiting
 ///   kernel, which waits for the host or a peer, which may wait for this launch (on an H200 a
-///   wait_flag's and a reduction's first launches did, until the wait's timeout). CUDA_MODULE_LOADING=EAGER in
-///   the environment loads every kernel at construction, as it does for CUDA.
+///   wait_flag's and a reduction's first launches did, until the wait's timeout).
+///   CUDA_MODULE_LOADING=EAGER in the environment loads every kernel at construction, as in CUDA.
 /// * Destruction drops queued work (the operation running finishes, a wait_flag gives up), joins
 ///   the workers and releases the memory.
 /// * Fault injection: fail_after(call, n, error), or CHORUS_SIM_FAIL="call:n:error[,...]" read by
@@ -297,7 +297,9 @@ class SimRuntime final : public Runtime {
   std::map<std::string, Injection, std::less<>> injections_;
   std::map<std::string, std::pair<int, std::chrono::milliseconds>, std::less<>> stalls_;  ///< call -> (n, how long)
   bool kernels_loaded_ = false;        ///< load_kernels() ran, or CUDA_MODULE_LOADING=EAGER
-  std::set<std::uint32_t> loaded_;     ///< kernels loaded by a first launch (kernel_key)
+  std::set<std::uint32_t> loaded_;     ///< kernels loaded by a first launch (keyed in load_on_launch)
+  /// The operations that hold their stream until the host or a peer lets them go.
+  static bool holds_stream(OpKind k) { return k == OpKind::wait_flag || k == OpKind::wait_value; }
   /// Before a kernel's launch is queued (under mu_): its lazy load (see the model above).
   void load_on_launch(const Op& op, std::string_view call);
 };

@@ -123,17 +123,16 @@ inline cudaError_t load_reduce_kernels() {
     if (first == cudaSuccess) first = e;
   };
   auto load = [&](ReduceOp op, DataType dt) {
-    visit_reduce_kernel(op, dt, [&]<class Op, class T>() {
+    if (!reduce_kernel_exists(op, dt)) return;
+    visit_reduce_kernel(op, dt, [&]<class Op, class T>() {  // the launchers' own mapping (avg: Sum)
       cudaFuncAttributes attr;
       note(cudaFuncGetAttributes(&attr, detail::reduce_kernel<Op, T>));
       note(cudaFuncGetAttributes(&attr, detail::reduce_many_kernel<Op, T>));
     });
   };
   for (DataType dt : kAllDataTypes) {
-    for (ReduceOp op : kAllReduceOps)
-      if (op != ReduceOp::avg) load(op, dt);  // avg is sum's kernel
-    for (ReduceOp op : kBitwiseReduceOps)
-      if (reduce_kernel_exists(op, dt)) load(op, dt);
+    for (ReduceOp op : kAllReduceOps) load(op, dt);
+    for (ReduceOp op : kBitwiseReduceOps) load(op, dt);
     dispatch(dt, [&]<class T>(std::type_identity<T>) {
       cudaFuncAttributes attr;
       note(cudaFuncGetAttributes(&attr, detail::finalize_avg_kernel<T>));

@@ -175,7 +175,7 @@ inline void SimRuntime::run(const std::shared_ptr<StreamState>& st) {
     st->queue.pop_front();
     if (op.stall.count() > 0) st->cv.wait_for(lk, op.stall, [&] { return stopping_; });
     if (!st->error && !stopping_) execute(*st, op, lk);
-    if (op.kind == OpKind::wait_flag || op.kind == OpKind::wait_value) --st->holds;
+    if (holds_stream(op.kind)) --st->holds;
     ++st->completed;
     progress_.notify_all();
   }

@@ -70,7 +70,7 @@ inline void SimRuntime::enqueue(Stream s, std::string_view call, Op op) {
   auto st = stream_of(s, detail::sim_call_name(call));
   throw_if_failed(*st);
   if (op.kind != OpKind::copy && op.kind != OpKind::fill) load_on_launch(op, call);
-  if (op.kind == OpKind::wait_flag || op.kind == OpKind::wait_value) ++st->holds;
+  if (holds_stream(op.kind)) ++st->holds;
   op.inject = take_injection(call);
   if (auto it = stalls_.find(call); it != stalls_.end() && --it->second.first == 0) {
     op.stall = it->second.second;
