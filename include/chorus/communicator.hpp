@@ -71,7 +71,11 @@ struct MemoryStats {
   std::size_t transport_bytes = 0;  ///< links: segments, buffers, eager messages waiting for receives
   /// This rank's IPC window in device memory (cuda_ipc: the direct collectives), 0 where none was made.
   std::size_t ipc_window_bytes = 0;
-  std::size_t total() const { return scratch_bytes + channel_bytes + recorder_bytes + transport_bytes + ipc_window_bytes; }
+  /// This rank's collective-kernel area in device memory (flags, LL lines, its window), 0 where none was made.
+  std::size_t kernel_area_bytes = 0;
+  std::size_t total() const {
+    return scratch_bytes + channel_bytes + recorder_bytes + transport_bytes + ipc_window_bytes + kernel_area_bytes;
+  }
   /// "total 2.1 MiB: scratch 1.0 MiB, channel 68.2 KiB, recorder 4.6 KiB, transport 1.0 MiB"
   std::string to_string() const;
 };
@@ -424,6 +428,10 @@ class Communicator {
                 int root, bool async, const device::Stream* stream = nullptr);
   Request collective(algo::CollectiveDesc desc, algo::Args args, bool async,
                      exec::TicketRef ticket = {});
+  /// A call on device buffers that the collective kernel takes (impl/kernel_call.hpp): launched
+  /// on `stream` (the default one where null: blocking unless `async`).
+  Request kernel_call(algo::CollectiveDesc desc, const std::byte* in, std::byte* out, const device::Stream* stream,
+                      bool async);
   void abort_with(const Error& why);
 
   template <class In, class Out>

@@ -57,6 +57,14 @@ void expect_window(Comm& comm, bool made, const std::string& where) {
                                             (made ? "two slots (the direct path ran)" : "none (the staged path)"));
 }
 
+/// What the collective kernel leaves: this rank's area (its window of one slot), where it ran.
+template <class Comm>
+void expect_kernel_area(Comm& comm, bool made, const std::string& where) {
+  const std::size_t got = comm.memory_stats().kernel_area_bytes;
+  expect(got == (made ? chorus::device::area::bytes(kSlot) : 0),
+         where + ": kernel area of " + std::to_string(got) + " bytes, expected " + (made ? "one (the kernel ran)" : "none"));
+}
+
 /// The matrix of support/device_matrix.hpp over Comm, the default runtime set before the
 /// communicator is made (the transport reads it).
 template <class Comm>
@@ -107,20 +115,26 @@ void all_reduce_forced(int world, const std::string& algo) {
 
 /// One rank of the failure tests: a simulated runtime (the default while it lives), a
 /// communicator over cuda_ipc, a stream and `n` zeroed floats of device memory, after one direct
-/// all_reduce has set the windows up (unless `set_up` is false).
+/// all_reduce has set the direct path up (unless `set_up` is false): the collective kernel's, or
+/// with `windows` the IPC windows' (all_reduce forced to one_shot, the path the collective kernel
+/// does not take: scatter, gather, all_to_all and forced algorithms).
 struct FailureRank {
   static constexpr std::size_t n = 5000;
   SimRuntime rt;
   IpcComm comm;
   Stream s;
   float* buf;
-  explicit FailureRank(const chorus::Options& o, bool set_up = true)
-      : comm((chorus::device::set_default_runtime(&rt), IpcComm::create(o))), s(rt.create_stream()),
-        buf(static_cast<float*>(rt.alloc_device(n * sizeof(float)))) {
+  explicit FailureRank(chorus::Options o, bool set_up = true, bool windows = false)
+      : comm((chorus::device::set_default_runtime(&rt), o.algorithm = windows ? "all_reduce:one_shot" : o.algorithm,
+              IpcComm::create(o))),
+        s(rt.create_stream()), buf(static_cast<float*>(rt.alloc_device(n * sizeof(float)))) {
     rt.fill(buf, 0, n * sizeof(float), s);
     if (!set_up) return;
     all_reduce().wait();
-    expect_window(comm, true, "before the failure");
+    if (windows)
+      expect_window(comm, true, "before the failure");
+    else
+      expect_kernel_area(comm, true, "before the failure");
   }
   ~FailureRank() {
     try {
@@ -256,7 +270,7 @@ TEST_CASE("cuda_ipc: a rank whose stream fails in a device-synchronised step fai
   chorus::test::run_processes(
       3,
       [](int rank, chorus::Options o) {
-        FailureRank r(o);
+        FailureRank r(o, true, /*windows=*/true);
         if (rank == 2) {
           r.rt.fail_after("write_value", 1, 719);
           auto e = expect_error(ErrorCode::system, [&] { r.all_reduce().wait(); }, "the rank whose stream failed");
@@ -284,7 +298,7 @@ TEST_CASE("cuda_ipc: a device wait on a late rank's step flag times out naming i
   chorus::test::run_processes(
       3,
       [](int rank, chorus::Options o) {
-        FailureRank r(o);
+        FailureRank r(o, true, /*windows=*/true);
         if (rank == 2) {
           r.rt.stall_after("write_value", 1, 12s);
           try {
@@ -362,7 +376,7 @@ TEST_CASE("cuda_ipc: the survivors of a kill shrink and go on (simulated runtime
         r.rt.synchronize(r.s);
         for (std::size_t i = 0; i < host.size(); ++i)
           expect(host[i] == static_cast<float>(1 + 3 + 2 * (i % 5)), "all_reduce on the shrunk communicator at " + std::to_string(i));
-        expect_window(c, true, "after the shrink");
+        expect_kernel_area(c, true, "after the shrink");
       },
       options({1}));
 }

@@ -112,6 +112,11 @@ struct Runner {
   /// The communicator of the host-path reference calls, where not `comm` (one that forces an
   /// algorithm of device buffers only, which host calls refuse).
   Comm* host_comm = nullptr;
+  /// Ranks as threads of one process, on one device: a host barrier after each call, before its
+  /// buffers are freed, and one after (freeing waits for the whole device, as cudaFree does, and a
+  /// peer's work of the next call, its kernel or a stream held for a staged call, may wait for this
+  /// rank: docs/design.md, "Ranks as threads on one device").
+  bool barrier_before_free = false;
 
   void run(Coll coll, DataType dt, std::size_t count, ReduceOp op, int root, bool in_place) {
     const int r = comm.rank(), n = comm.size();
@@ -150,12 +155,17 @@ struct Runner {
     const Bytes& host_result = in_place ? h_in : h_out;
 
     // 2. The device path, on the stream; read back after the stream has done it.
-    DeviceBuffer d_in(rt, in), d_out(rt, in_place ? Bytes{} : garbage);
-    std::byte* di = d_in.data();
-    std::byte* dout = in_place ? d_in.data() : d_out.data();
-    chorus::Request req = start(coll, di, dout, count, dt, op, root, /*device=*/true);
-    const Bytes device_result = (in_place ? d_in : d_out).read(stream);
-    req.wait();
+    Bytes device_result;
+    {
+      DeviceBuffer d_in(rt, in), d_out(rt, in_place ? Bytes{} : garbage);
+      std::byte* di = d_in.data();
+      std::byte* dout = in_place ? d_in.data() : d_out.data();
+      chorus::Request req = start(coll, di, dout, count, dt, op, root, /*device=*/true);
+      device_result = (in_place ? d_in : d_out).read(stream);
+      req.wait();
+      if (barrier_before_free) comm.barrier();
+    }
+    if (barrier_before_free) comm.barrier();  // and no rank's next call starts while one frees
 
     if (coll == Coll::all_reduce || coll == Coll::reduce_scatter || (coll == Coll::reduce && r == root)) {
       // The host path against fill.hpp's reference first: a failure then says which path is wrong.
@@ -236,11 +246,12 @@ struct Runner {
 /// The whole matrix on `comm` (slices of 512 bytes, so the small counts already pipeline), with
 /// buffers of `rt`.
 template <class Comm>
-void run_all(Comm& comm, chorus::device::Runtime& rt, const std::string& where) {
+void run_all(Comm& comm, chorus::device::Runtime& rt, const std::string& where, bool threads = false) {
   const int world = comm.size();
   comm.set_device_runtime(&rt);
   const Stream stream = rt.create_stream();
   Runner<Comm> run{comm, rt, stream, where};
+  run.barrier_before_free = threads;
   const int root = world - 1;
   const std::size_t large = chorus::test::kSanitized ? 4099 : 40009;
   for (DataType dt : chorus::kAllDataTypes) {

@@ -99,6 +99,8 @@ class Channel : public BlockingSteps<Channel<T>> {
   /// (the two trees of a double binary tree): messages match in order per (peer, lane).
   Op isend(int peer, ConstBytes b, int lane = 0) {
     auto& link = g_.transport->link(g_.members[peer]);
+    if (x_.staged())
+      if (device::Runtime* rt = x_.runtime()) rt->note_round_trip();  // a host message of a device call
     if (x_.staged() && b.size != 0) {
       if (direct(link, b.data, b.size)) {
         x_.sync();  // the data is final

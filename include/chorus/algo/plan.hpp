@@ -2,6 +2,10 @@
 #pragma once
 /// The plan of one call: which algorithm runs it and in what slices, every choice in one place.
 ///
+///   0. Device buffers where every peer's device memory is reachable (ranks as threads of one
+///      process, or cuda_ipc to every peer), for all_reduce, reduce_scatter, all_gather, broadcast
+///      and reduce, up to kMaxKernelRanks ranks, nothing forced: one collective kernel per rank
+///      (algo/intranode/kernel_path.hpp).
 ///   1. Device buffers where every peer's device memory is mapped (cuda_ipc): the direct
 ///      collectives through the IPC windows (algo/intranode/ipc.hpp): all_reduce one-shot or
 ///      two-shot by their model, the others their one direct form; unless an algorithm of the
@@ -25,6 +29,7 @@
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/descriptor.hpp"
 #include "chorus/algo/intranode/ipc.hpp"
+#include "chorus/algo/intranode/kernel_path.hpp"
 #include "chorus/algo/intranode/one_shot.hpp"
 #include "chorus/algo/select.hpp"
 #include "chorus/core/concepts.hpp"
@@ -147,6 +152,9 @@ struct PlanInputs {
   int size = 1;
   bool mailboxes = false;  ///< every peer has shm mailboxes (has_mailboxes)
   bool ipc = false;        ///< every peer's device memory is mapped (has_ipc), mailboxes too
+  /// Every peer's device memory is reachable by the collective kernel (algo/intranode/kernel_path.hpp):
+  /// ipc, or every peer a thread of this process.
+  bool kernel = false;
   TransportModel model{};  ///< the group's slowest link (group_model)
   Overrides overrides;     ///< CHORUS_ALGO, CHORUS_CHUNK_BYTES
   topology::Hosts hosts;   ///< which ranks share a host
@@ -201,6 +209,7 @@ inline Choice choose(CollectiveKind kind, std::size_t bytes, const PlanInputs& i
 struct Plan {
   Choice choice{};
   bool direct = false;  ///< through the IPC windows (algo/intranode/ipc.hpp)
+  bool kernel = false;  ///< one collective kernel per rank (algo/intranode/kernel_path.hpp)
 };
 
 /// The plan of `desc` moving `bytes` per rank; `device` when its buffers are in device memory.
@@ -217,6 +226,12 @@ Plan plan(const CollectiveDesc& desc, std::size_t bytes, bool device, const Plan
   // A forced algorithm of the staged path (not the collective's only one) keeps it off the windows.
   const bool staged_forced = forced != Algorithm::automatic && !direct_forced && forcible_algorithms(desc.kind).size() > 1;
   Plan p;
+  // The collective kernel, where every peer's memory is reachable and nothing else is forced.
+  if (device && in.kernel && n > 1 && n <= device::kMaxKernelRanks && kernel_takes(desc.kind) && forced == Algorithm::automatic) {
+    p.kernel = true;
+    p.choice = {Algorithm::kernel, 0};
+    return p;
+  }
   p.direct = device && in.ipc && n > 1 && !staged_forced;
   if (forced == Algorithm::two_shot && !p.direct && n > 1)
     throw Error(ErrorCode::invalid_argument, ErrorContext{in.rank, -1, describe(desc)},

@@ -37,7 +37,7 @@
 namespace chorus::algo {
 
 enum class Algorithm { automatic, ring, tree, recursive_doubling, binomial, chain, direct, pairwise, dissemination, one_shot, two_shot,
-                       ipc, hierarchical };
+                       ipc, hierarchical, kernel };
 
 constexpr std::string_view to_string(Algorithm a) noexcept {
   switch (a) {
@@ -54,6 +54,7 @@ constexpr std::string_view to_string(Algorithm a) noexcept {
     case Algorithm::two_shot: return "two_shot";
     case Algorithm::ipc: return "ipc";
     case Algorithm::hierarchical: return "hierarchical";
+    case Algorithm::kernel: return "kernel";
   }
   return "unknown";
 }

@@ -56,6 +56,10 @@
 /// |                             |                               | tag claims it (claim_source) and  |
 /// |                             |                               | fills bytes; returns its engine's |
 /// |                             |                               | weak_ptr<Driver> (empty: none)    |
+/// | LinkInProcess<L>            | l.same_process(), l.broken()  | bool: the peer is a thread of     |
+/// |                             |                               | this process (device pointers     |
+/// |                             |                               | pass as they are); bool: the link |
+/// |                             |                               | has failed                        |
 /// | TransportWithPeerModels<T>  | t.link_model(peer)            | the TransportModel of the link    |
 /// |                             |                               | that serves the peer (hybrid)     |
 /// | TransportWithMemoryBytes<T> | t.memory_bytes()              | bytes the transport holds         |
@@ -113,6 +117,12 @@ concept LinkWithMailboxes = requires(L& l) { l.shm_link(); };
 template <class L>
 concept LinkWithIpc = requires(L& l) {
   { l.cuda_ipc() } -> std::convertible_to<bool>;
+};
+
+template <class L>
+concept LinkInProcess = requires(L& l) {
+  { l.same_process() } -> std::convertible_to<bool>;
+  { l.broken() } -> std::convertible_to<bool>;
 };
 
 template <class L>

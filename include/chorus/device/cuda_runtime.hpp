@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "chorus/core/error.hpp"
+#include "chorus/device/collective.cuh"
 #include "chorus/device/runtime.hpp"
 #include "chorus/reduce/cuda/reduce.cuh"
 
@@ -236,6 +237,7 @@ class CudaRuntime final : public Runtime {
       if (device < static_cast<int>(loaded_.size()) && loaded_[static_cast<std::size_t>(device)]) return;
     }
     detail::cuda_check(load_reduce_kernels(), "cudaFuncGetAttributes");
+    detail::cuda_check(load_collective_kernels(), "cudaFuncGetAttributes");
     cudaFuncAttributes attr;
     detail::cuda_check(cudaFuncGetAttributes(&attr, detail::wait_flag_kernel<const volatile std::uint32_t*>),
                        "cudaFuncGetAttributes");
@@ -318,6 +320,26 @@ class CudaRuntime final : public Runtime {
     detail::cuda_check(cudaGetLastError(), "cudaLaunchKernel");
   }
 
+  void launch_collective(const CollectiveLaunch& a, Stream s) override {
+    CollectiveLaunch d = a;
+    void* mapped = nullptr;
+    detail::cuda_check(cudaHostGetDevicePointer(&mapped, a.abort, 0), "cudaHostGetDevicePointer");
+    d.abort = static_cast<std::uint32_t*>(mapped);
+    detail::cuda_check(cudaHostGetDevicePointer(&mapped, a.report, 0), "cudaHostGetDevicePointer");
+    d.report = static_cast<KernelReport*>(mapped);
+    detail::cuda_check(cudaHostGetDevicePointer(&mapped, a.result, 0), "cudaHostGetDevicePointer");
+    d.result = static_cast<KernelResult*>(mapped);
+    detail::cuda_check(launch_collective_async(d, s), "cudaLaunchKernel");
+  }
+  /// One block per multiprocessor and rank: the blocks of every rank's kernel are resident at
+  /// once (a block of 256 threads fits on any multiprocessor beside the others).
+  unsigned collective_blocks(int sharing) override {
+    int sms = 0;
+    detail::cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()),
+                       "cudaDeviceGetAttribute");
+    const int per = sharing > 0 ? sms / sharing : sms;
+    return static_cast<unsigned>(per < 1 ? 1 : per > static_cast<int>(kMaxKernelBlocks) ? kMaxKernelBlocks : per);
+  }
 
   // --- device memory for an RDMA NIC (dma-buf) -----------------------------------------------
   /// cuMemGetHandleForAddressRange (CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) over the whole allocation

@@ -30,6 +30,7 @@
 #include "chorus/core/buffer.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/core/types.hpp"
+#include "chorus/device/collective.hpp"
 #include "chorus/reduce/cuda/kernels.hpp"  // kMaxReduceInputs
 
 struct CUstream_st;  // the CUDA runtime's stream type (cudaStream_t is CUstream_st*)
@@ -162,6 +163,31 @@ class Runtime {
   /// The caller reads `*abort` once the stream is done: a wait that gave up is never silent.
   virtual void wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
                           std::uint32_t on_timeout, std::uint64_t timeout_ns) = 0;
+
+  // --- the collective kernel (device/collective.hpp) ------------------------------------------
+  /// Enqueues one rank's collective kernel on `s`: a.blocks blocks of kKernelThreads threads that
+  /// synchronise with the same kernel of the peers through their areas. Arguments outside their
+  /// ranges throw Error(invalid_argument) at the call; what the kernel meets (a mismatch, a late
+  /// peer, an abort) it reports in a.report, and the stream goes on. The default: unsupported.
+  virtual void launch_collective(const CollectiveLaunch& a, Stream s) {
+    (void)a;
+    (void)s;
+    throw Error(ErrorCode::unsupported, "launch_collective: the " + std::string(name()) + " runtime has no collective kernel");
+  }
+  /// The most blocks one collective kernel may have when `sharing` ranks' kernels run on this
+  /// device at once (ranks as threads): every block of every one of them must be resident, or a
+  /// rank's spinning blocks could keep a peer's from ever running. At least 1.
+  virtual unsigned collective_blocks(int sharing) {
+    (void)sharing;
+    return 1;
+  }
+  /// The device context this runtime works in: ranks as threads whose runtimes give the same
+  /// context address each other's device memory with plain pointers (one CUDA context per
+  /// process and device). A decorator (device/counting.hpp) gives its inner runtime's.
+  virtual const void* context() const noexcept { return this; }
+  /// The library tells the runtime of each host round trip between ranks that a call on device
+  /// buffers takes (a mailbox exchange, a staged message): counted by device/counting.hpp.
+  virtual void note_round_trip() noexcept {}
 
   // --- device memory for an RDMA NIC (dma-buf) -----------------------------------------------
   /// What export_dmabuf gives: a dma-buf file descriptor and where the exported pointer lies in it.

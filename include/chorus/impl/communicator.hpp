@@ -26,6 +26,7 @@
 #include "chorus/algo/run.hpp"
 #include "chorus/algo/validate.hpp"
 #include "chorus/algo/intranode/ipc.hpp"
+#include "chorus/algo/intranode/kernel_path.hpp"
 #include "chorus/algo/intranode/one_shot.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/detail/log.hpp"
@@ -52,6 +53,8 @@ Communicator<T> Communicator<T>::create(Options options) {
   in.mailboxes = algo::has_mailboxes(s->group);
   in.ipc = in.mailboxes && algo::has_ipc(s->group);
   if (in.ipc) s->ipc_slot_bytes = cuda_ipc::slot_bytes_from_env(s->ctx(-1, "cuda_ipc"));
+  s->kernel_in_process = algo::peers_in_process(s->group);
+  in.kernel = in.ipc || s->kernel_in_process;
   if (auto v = detail::env_string("CHORUS_BENCH_NO_DESCRIPTORS")) {
     if (*v != "0" && *v != "1")
       throw Error(ErrorCode::invalid_argument, "CHORUS_BENCH_NO_DESCRIPTORS='" + *v + "' is not 0 or 1");
@@ -93,6 +96,7 @@ Communicator<T>::~Communicator() {
   const int pending = s_->exec.pending();
   if (pending == 0) {
     s_->release_windows();
+    s_->release_kernels();
     return;
   }
   detail::log(detail::LogLevel::warn, detail::LogSubsys::init, rank(), "communicator destroyed with ", pending,
@@ -107,6 +111,7 @@ void Communicator<T>::abort_with(const Error& why) {
   State& st = *s_;
   if (st.aborted.exchange(true)) return;
   st.exec.cancel(why);  // queued calls fail without running
+  if (st.kernels) st.kernels->abort_kernels(&why);  // running kernels give up, and the peers' that wait for them
   st.transport->abort(why);
   st.dump_once(why.what());
   // The peers' IPC windows are unmapped now when no call runs or waits to (a running direct call
@@ -117,12 +122,20 @@ void Communicator<T>::abort_with(const Error& why) {
     st.close_windows();
     st.exec.end_inline();
   }
+  if (st.kernels && st.kernels->in_flight() == 0) {
+    try {
+      st.kernels->close_peers();
+    } catch (const Error&) {  // already failing: what stays mapped goes with the process
+    }
+  }
 }
 
 template <class T>
 void Communicator<T>::finalize() {
   if (!s_) return;  // not valid(): nothing pending
   State& st = *s_;
+  if (st.kernels && !st.kernels->settle(st.boot.options.timeout * 2 + std::chrono::seconds(1)))
+    throw Error(ErrorCode::timeout, st.ctx(-1, "finalize"), "the collective kernels in flight did not complete");
   std::unique_lock lk(st.call_mu);
   if (st.exec.pending() == 0) return;
   // An empty call after every queued one: it runs (or fails, after a cancel) once they are done.
@@ -215,7 +228,8 @@ inline std::string MemoryStats::to_string() const {
   };
   return "total " + fmt(total()) + ": scratch " + fmt(scratch_bytes) + ", channel " + fmt(channel_bytes) + ", recorder " +
          fmt(recorder_bytes) + ", transport " + fmt(transport_bytes) +
-         (ipc_window_bytes != 0 ? ", ipc window " + fmt(ipc_window_bytes) : std::string());
+         (ipc_window_bytes != 0 ? ", ipc window " + fmt(ipc_window_bytes) : std::string()) +
+         (kernel_area_bytes != 0 ? ", kernel area " + fmt(kernel_area_bytes) : std::string());
 }
 
 template <class T>
@@ -429,9 +443,14 @@ Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* 
     std::lock_guard g(st.async_mu);
     if (st.async_error) throw *st.async_error;
   }
+  if (st.plan_inputs.kernel && algo::kernel_takes(kind) && st.takes_kernel(d))
+    return kernel_call(d, a.in, a.out, stream, async);
   std::unique_lock lk(st.call_mu);  // the executor and its tickets are made and issued in call order
   a.exec = &st.device_executor();
-  if (st.exec.pending() == 0) st.device_exec->collect();  // no call in flight: no stream held by a flag
+  // No call in flight: no stream held by a flag. Not with ranks as threads, whose kernels may be
+  // running on the one device: freeing waits for the whole device, and a peer's kernel may wait for
+  // this rank's next call (the memory goes at destruction instead).
+  if (st.exec.pending() == 0 && !st.kernel_in_process) st.device_exec->collect();
   // A blocking call without a stream returns once its results are final: the default stream
   // need not be held (only its earlier work waited for).
   const bool returns_early = async || stream != nullptr;
@@ -490,6 +509,7 @@ void Communicator<T>::abort() {
 
 }  // namespace chorus
 
+#include "chorus/impl/kernel_call.hpp"
 #include "chorus/impl/split.hpp"
 #include "chorus/impl/shrink.hpp"
 #include "chorus/impl/grow.hpp"

@@ -19,6 +19,7 @@
 
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/descriptor.hpp"
+#include "chorus/algo/intranode/kernel_path.hpp"
 #include "chorus/algo/intranode/window_owner.hpp"
 #include "chorus/algo/plan.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
@@ -119,6 +120,7 @@ struct Communicator<T>::State {
   /// host_exec's and device_exec's bytes() and channel_memory->bytes() after the last call (memory_stats() reads them
   /// from any thread; the call's thread owns the buffers).
   std::atomic<std::size_t> scratch_bytes{0}, channel_bytes{0};
+  std::atomic<std::size_t> kernel_bytes{0};  ///< the collective kernel's area (memory_stats())
 
   /// After call `seq` on executor `x`: records how it ended, waits for the executor's work (a
   /// device stream) and lets scratch shrink after a burst, updates the gauges. A failing stream
@@ -148,6 +150,21 @@ struct Communicator<T>::State {
   /// closed by a failed one, released before the executor and the runtime go.
   algo::WindowOwner<T> windows;
   cuda_ipc::Windows& ipc_windows() { return windows.get(*runtime, group.rank, group.size(), ipc_slot_bytes); }
+  /// Every peer is a thread of this process (inproc): the collective kernel addresses their device
+  /// memory with plain pointers.
+  bool kernel_in_process = false;
+  /// The collective kernel's path (algo/intranode/kernel_path.hpp): made at the first call it takes
+  /// (impl/kernel_call.hpp), released at destruction.
+  std::shared_ptr<algo::KernelPath<T>> kernels;
+  std::string kernel_key() const { return "kernel/" + std::to_string(group.context); }
+  /// Whether the plan of `d` on device buffers is the collective kernel.
+  bool takes_kernel(const algo::CollectiveDesc& d) const {
+    return algo::plan<T>(d, d.count * size_of(d.dtype), true, plan_inputs, [] { return std::size_t(0); }, internal_calls > 0).kernel;
+  }
+  void release_kernels() {
+    if (kernels)
+      kernels->release(boot.store.get(), kernel_key(), aborted.load(), std::min<std::chrono::milliseconds>(boot.options.timeout, cuda_ipc::kGoodbye));
+  }
   void close_windows() { windows.close(group.rank); }
   void release_windows() { windows.release(group, coll_seq, aborted.load(), boot.options.timeout); }
   mutable std::mutex async_mu;
@@ -190,6 +207,7 @@ struct Communicator<T>::State {
     m.channel_bytes = channel_bytes.load(std::memory_order_relaxed);
     m.recorder_bytes = recorder ? recorder->bytes() : 0;
     m.ipc_window_bytes = windows.bytes();
+    m.kernel_area_bytes = kernel_bytes.load(std::memory_order_relaxed);
     if constexpr (TransportWithMemoryBytes<T>) m.transport_bytes = transport->memory_bytes();
     return m;
   }

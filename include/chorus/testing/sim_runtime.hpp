@@ -57,8 +57,11 @@
 ///   kernel, which waits for the host or a peer, which may wait for this launch (on an H200 a
 ///   wait_flag's and a reduction's first launches did, until the wait's timeout).
 ///   CUDA_MODULE_LOADING=EAGER in the environment loads every kernel at construction, as in CUDA.
-/// * Destruction drops queued work (the operation running finishes, a wait_flag gives up), joins
-///   the workers and releases the memory.
+/// * The collective kernel (launch_collective): each block on a host thread of its own, so that
+///   its barriers, LL lines, abort and descriptor checks run as on a GPU against the peers'
+///   kernels (threads of this process, or other processes through IPC mappings).
+/// * Destruction drops queued work (the operation running finishes, a wait_flag gives up, a
+///   collective kernel's abort word is set), joins the workers and releases the memory.
 /// * Fault injection: fail_after(call, n, error), or CHORUS_SIM_FAIL="call:n:error[,...]" read by
 ///   the constructor (docs/environment.md).
 ///
@@ -147,6 +150,14 @@ class SimRuntime final : public Runtime {
   void wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
                   std::uint32_t on_timeout, std::uint64_t timeout_ns) override;
   void load_kernels() override;
+  /// Runs each block of the kernel on a host thread of its own (the stream's worker runs block 0),
+  /// the threads of a block one after another (device/collective_body.hpp); its own buffers and
+  /// every area are checked as a kernel's operands are.
+  void launch_collective(const CollectiveLaunch& a, Stream s) override;
+  /// kSimMultiprocessors / sharing, at least 1.
+  unsigned collective_blocks(int sharing) override;
+  /// The simulated device's multiprocessors (collective_blocks).
+  static constexpr unsigned kSimMultiprocessors = 8;
 
   // --- device memory for an RDMA NIC (dma-buf) -----------------------------------------------
   /// A dup of the memfd behind the allocation that holds [p, p + bytes) (made as ipc_export makes
@@ -180,7 +191,7 @@ class SimRuntime final : public Runtime {
   struct StreamState;
   struct EventState;
   enum class OpKind {
-    copy, fill, reduce, reduce_many, finalize_avg, wait_flag, write_value, wait_value, record, wait_event
+    copy, fill, reduce, reduce_many, finalize_avg, wait_flag, write_value, wait_value, record, wait_event, collective
   };
   struct Op {
     explicit Op(OpKind k) : kind(k) {}
@@ -201,6 +212,7 @@ class SimRuntime final : public Runtime {
     std::uint64_t generation = 0;         ///< record: which record of the event this is
     std::shared_ptr<StreamState> target;  ///< wait_event: the stream waited for ...
     std::uint64_t position = 0;           ///< ... and the position it must pass
+    std::shared_ptr<const CollectiveLaunch> launch;  ///< collective
   };
   struct StreamError {
     int cuda_error;
@@ -250,6 +262,7 @@ class SimRuntime final : public Runtime {
   void wait_for_flag(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk);
   void store_word(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk);
   void wait_for_value(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk);
+  void run_collective(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk);
   /// Empty when p is an aligned word of `bytes` inside one live device allocation, else why not.
   std::string check_device_word(const void* p, std::size_t bytes, std::string_view what) const;
   /// Waits until every stream has passed what was enqueued on it before this call.
@@ -298,8 +311,13 @@ class SimRuntime final : public Runtime {
   std::map<std::string, std::pair<int, std::chrono::milliseconds>, std::less<>> stalls_;  ///< call -> (n, how long)
   bool kernels_loaded_ = false;        ///< load_kernels() ran, or CUDA_MODULE_LOADING=EAGER
   std::set<std::uint32_t> loaded_;     ///< kernels loaded by a first launch (keyed in load_on_launch)
+  /// The abort words of the collective kernels running now: destruction sets them, so their
+  /// spins end (under mu_).
+  std::multiset<std::uint32_t*> running_aborts_;
   /// The operations that hold their stream until the host or a peer lets them go.
-  static bool holds_stream(OpKind k) { return k == OpKind::wait_flag || k == OpKind::wait_value; }
+  static bool holds_stream(OpKind k) {
+    return k == OpKind::wait_flag || k == OpKind::wait_value || k == OpKind::collective;
+  }
   /// Before a kernel's launch is queued (under mu_): its lazy load (see the model above).
   void load_on_launch(const Op& op, std::string_view call);
 };
@@ -313,3 +331,4 @@ class SimRuntime final : public Runtime {
 #include "chorus/testing/sim_runtime/streams.hpp"
 #include "chorus/testing/sim_runtime/work.hpp"
 #include "chorus/testing/sim_runtime/flags.hpp"
+#include "chorus/testing/sim_runtime/collective.hpp"

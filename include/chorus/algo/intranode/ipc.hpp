@@ -163,6 +163,7 @@ class IpcCollective {
                   "CHORUS_CUDA_IPC_SLOT_BYTES=" + std::to_string(w_.slot_bytes()) + " is too small for " +
                       std::to_string(n_) + " ranks (at least 16 bytes per rank)");
     const Hello mine{w_.create(x_.stream()), w_.slot_bytes()};
+    x_.runtime()->note_round_trip();
     mailbox_post(g_, desc_, sizeof(Hello), [&](std::byte* data) { exec::store(data, mine); });
     mailbox_wait(g_, desc_, sizeof(Hello), timeout_, on_stall_);
     for (int q = 0; q < n_; ++q) {
@@ -190,6 +191,7 @@ class IpcCollective {
     x_.join();  // a prefetched write is part of this step's writes
     if (steps_ == 0) {
       x_.wait_stream();
+      x_.runtime()->note_round_trip();
       mailbox_post(g_, desc_, planned_, [](std::byte*) {});
       mailbox_wait(g_, desc_, planned_, timeout_, on_stall_);
     } else {

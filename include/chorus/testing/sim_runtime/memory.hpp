@@ -45,6 +45,7 @@ inline SimRuntime::~SimRuntime() {
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
+    for (std::uint32_t* abort : running_aborts_) __atomic_store_n(abort, 1u, __ATOMIC_RELEASE);
     all.push_back(default_stream_);
     for (auto& [k, st] : streams_) all.push_back(st);
     for (auto& st : retired_) all.push_back(st);

@@ -29,7 +29,7 @@ constexpr std::string_view sim_call_name(std::string_view call) noexcept {
   if (call == "reduce") return "reduce_async";
   if (call == "reduce_many") return "reduce_many_async";
   if (call == "finalize_avg") return "finalize_avg_async";
-  if (call == "wait_flag" || call == "write_value" || call == "wait_value") return "cudaLaunchKernel";
+  if (call == "wait_flag" || call == "write_value" || call == "wait_value" || call == "collective") return "cudaLaunchKernel";
   if (call == "alloc_device") return "cudaMalloc";
   if (call == "alloc_pinned") return "cudaHostAlloc";
   if (call == "create_stream") return "cudaStreamCreateWithFlags";
@@ -48,10 +48,9 @@ inline void SimRuntime::load_kernels() {
 inline void SimRuntime::load_on_launch(const Op& op, std::string_view call) {
   if (kernels_loaded_) return;
   std::uint32_t key = static_cast<std::uint32_t>(op.kind) << 16;
-  if (op.kind == OpKind::reduce || op.kind == OpKind::reduce_many)
-    key |= static_cast<std::uint32_t>(op.op == ReduceOp::avg ? ReduceOp::sum : op.op) << 8;
-  if (op.kind == OpKind::reduce || op.kind == OpKind::reduce_many || op.kind == OpKind::finalize_avg)
-    key |= static_cast<std::uint32_t>(op.dt);
+  const bool per_op = op.kind == OpKind::reduce || op.kind == OpKind::reduce_many || op.kind == OpKind::collective;
+  if (per_op) key |= static_cast<std::uint32_t>(op.op == ReduceOp::avg ? ReduceOp::sum : op.op) << 8;
+  if (per_op || op.kind == OpKind::finalize_avg) key |= static_cast<std::uint32_t>(op.dt);
   if (loaded_.count(key) != 0) return;
   auto holds = [](const std::shared_ptr<StreamState>& st) { return st->holds > 0; };
   bool held = holds(default_stream_);
@@ -172,6 +171,13 @@ inline void SimRuntime::execute(StreamState& st, Op& op, std::unique_lock<std::m
         return;
       }
       wait_for_flag(st, op, lk);
+      return;
+    case OpKind::collective:
+      if (op.inject != 0) {
+        st.error = StreamError{op.inject, detail::cuda_error_text("cudaLaunchKernel", op.inject, "injected")};
+        return;
+      }
+      run_collective(st, op, lk);
       return;
     case OpKind::write_value:
     case OpKind::wait_value:

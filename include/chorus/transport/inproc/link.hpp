@@ -129,6 +129,18 @@ class Link {
       : rank_(rank), peer_(peer), out_(out), in_(in), timeout_(timeout), on_timeout_(std::move(on_timeout)) {}
 
   int peer() const { return peer_; }
+  /// The peer is a thread of this process: device pointers pass between them as they are
+  /// (algo/intranode/kernel_path.hpp).
+  static constexpr bool same_process() { return true; }
+  /// Either direction has failed (the peer left, failed or aborted).
+  bool broken() const {
+    {
+      std::lock_guard lk(in_->mu);
+      if (in_->broken) return true;
+    }
+    std::lock_guard lk(out_->mu);
+    return out_->broken;
+  }
 
   Request isend(ConstBytes data, Tag tag) {
     auto req = make_request("send", tag, data.size);
