@@ -21,10 +21,11 @@ struct AllGather {
   static Expect expect(const Layout& l, int, int, int, std::size_t j) {
     return Expect::copy(static_cast<int>(j / l.count), j % l.count);
   }
-  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+  template <class C>
+  static void run(C& comm, const Call& c, std::vector<chorus::Request>& pending) {
     issue(
         c, pending, [&] { comm.all_gather(c.in, c.out, c.layout.count, c.dtype); },
-        [&] { return comm.all_gather_async(c.in, c.out, c.layout.count, c.dtype); });
+        [&] { return c.stream ? comm.all_gather(c.in, c.out, c.layout.count, c.dtype, *c.stream) : comm.all_gather_async(c.in, c.out, c.layout.count, c.dtype); });
   }
 };
 }  // namespace

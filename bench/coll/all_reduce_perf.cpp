@@ -16,10 +16,11 @@ struct AllReduce {
   static double algbw_elements(const Layout& l, int) { return static_cast<double>(l.count); }
   static double bus_factor(int n) { return 2.0 * (n - 1) / n; }
   static Expect expect(const Layout&, int, int, int, std::size_t j) { return Expect::reduce(j); }
-  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+  template <class C>
+  static void run(C& comm, const Call& c, std::vector<chorus::Request>& pending) {
     issue(
         c, pending, [&] { comm.all_reduce(c.in, c.out, c.layout.count, c.dtype, c.op); },
-        [&] { return comm.all_reduce_async(c.in, c.out, c.layout.count, c.dtype, c.op); });
+        [&] { return c.stream ? comm.all_reduce(c.in, c.out, c.layout.count, c.dtype, c.op, *c.stream) : comm.all_reduce_async(c.in, c.out, c.layout.count, c.dtype, c.op); });
   }
 };
 }  // namespace

@@ -23,10 +23,11 @@ struct AllToAll {
     return Expect::copy(static_cast<int>(j / l.count),
                         static_cast<std::size_t>(rank) * l.count + j % l.count);
   }
-  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+  template <class C>
+  static void run(C& comm, const Call& c, std::vector<chorus::Request>& pending) {
     issue(
         c, pending, [&] { comm.all_to_all(c.in, c.out, c.layout.count, c.dtype); },
-        [&] { return comm.all_to_all_async(c.in, c.out, c.layout.count, c.dtype); });
+        [&] { return c.stream ? comm.all_to_all(c.in, c.out, c.layout.count, c.dtype, *c.stream) : comm.all_to_all_async(c.in, c.out, c.layout.count, c.dtype); });
   }
 };
 }  // namespace

@@ -17,20 +17,26 @@ struct Broadcast {
   static double algbw_elements(const Layout& l, int) { return static_cast<double>(l.count); }
   static double bus_factor(int) { return 1.0; }
   static Expect expect(const Layout&, int, int, int root, std::size_t j) { return Expect::copy(root, j); }
-  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+  template <class C>
+  static void run(C& comm, const Call& c, std::vector<chorus::Request>& pending) {
     if (c.rank == c.root && c.in != c.out) {
       // The root only reads its buffer.
       issue(
           c, pending, [&] { comm.broadcast(const_cast<std::byte*>(c.in), c.layout.count, c.dtype, c.root); },
           [&] {
-            return comm.broadcast_async(const_cast<std::byte*>(c.in), c.layout.count, c.dtype, c.root);
+            auto* buf = const_cast<std::byte*>(c.in);
+            return c.stream ? comm.broadcast(buf, c.layout.count, c.dtype, c.root, *c.stream)
+                            : comm.broadcast_async(buf, c.layout.count, c.dtype, c.root);
           });
       c.copy(c.out, c.in, c.bytes(c.layout.count));  // device buffers: through the runtime (a memcpy crashed there)
       return;
     }
     issue(
         c, pending, [&] { comm.broadcast(c.out, c.layout.count, c.dtype, c.root); },
-        [&] { return comm.broadcast_async(c.out, c.layout.count, c.dtype, c.root); });
+        [&] {
+          return c.stream ? comm.broadcast(c.out, c.layout.count, c.dtype, c.root, *c.stream)
+                          : comm.broadcast_async(c.out, c.layout.count, c.dtype, c.root);
+        });
   }
 };
 }  // namespace

@@ -20,10 +20,11 @@ struct Gather {
   static Expect expect(const Layout& l, int rank, int, int root, std::size_t j) {
     return rank == root ? Expect::copy(static_cast<int>(j / l.count), j % l.count) : Expect::none();
   }
-  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+  template <class C>
+  static void run(C& comm, const Call& c, std::vector<chorus::Request>& pending) {
     issue(
         c, pending, [&] { comm.gather(c.in, c.out, c.layout.count, c.dtype, c.root); },
-        [&] { return comm.gather_async(c.in, c.out, c.layout.count, c.dtype, c.root); });
+        [&] { return c.stream ? comm.gather(c.in, c.out, c.layout.count, c.dtype, c.root, *c.stream) : comm.gather_async(c.in, c.out, c.layout.count, c.dtype, c.root); });
   }
 };
 }  // namespace

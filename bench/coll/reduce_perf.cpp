@@ -17,10 +17,11 @@ struct Reduce {
   static Expect expect(const Layout&, int rank, int, int root, std::size_t j) {
     return rank == root ? Expect::reduce(j) : Expect::none();
   }
-  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+  template <class C>
+  static void run(C& comm, const Call& c, std::vector<chorus::Request>& pending) {
     issue(
         c, pending, [&] { comm.reduce(c.in, c.out, c.layout.count, c.dtype, c.op, c.root); },
-        [&] { return comm.reduce_async(c.in, c.out, c.layout.count, c.dtype, c.op, c.root); });
+        [&] { return c.stream ? comm.reduce(c.in, c.out, c.layout.count, c.dtype, c.op, c.root, *c.stream) : comm.reduce_async(c.in, c.out, c.layout.count, c.dtype, c.op, c.root); });
   }
 };
 }  // namespace

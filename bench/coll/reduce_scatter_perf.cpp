@@ -22,10 +22,11 @@ struct ReduceScatter {
   static Expect expect(const Layout& l, int rank, int, int, std::size_t j) {
     return Expect::reduce(static_cast<std::size_t>(rank) * l.count + j);
   }
-  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+  template <class C>
+  static void run(C& comm, const Call& c, std::vector<chorus::Request>& pending) {
     issue(
         c, pending, [&] { comm.reduce_scatter(c.in, c.out, c.layout.count, c.dtype, c.op); },
-        [&] { return comm.reduce_scatter_async(c.in, c.out, c.layout.count, c.dtype, c.op); });
+        [&] { return c.stream ? comm.reduce_scatter(c.in, c.out, c.layout.count, c.dtype, c.op, *c.stream) : comm.reduce_scatter_async(c.in, c.out, c.layout.count, c.dtype, c.op); });
   }
 };
 }  // namespace

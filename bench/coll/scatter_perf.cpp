@@ -20,10 +20,11 @@ struct Scatter {
   static Expect expect(const Layout& l, int rank, int, int root, std::size_t j) {
     return Expect::copy(root, static_cast<std::size_t>(rank) * l.count + j);
   }
-  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+  template <class C>
+  static void run(C& comm, const Call& c, std::vector<chorus::Request>& pending) {
     issue(
         c, pending, [&] { comm.scatter(c.in, c.out, c.layout.count, c.dtype, c.root); },
-        [&] { return comm.scatter_async(c.in, c.out, c.layout.count, c.dtype, c.root); });
+        [&] { return c.stream ? comm.scatter(c.in, c.out, c.layout.count, c.dtype, c.root, *c.stream) : comm.scatter_async(c.in, c.out, c.layout.count, c.dtype, c.root); });
   }
 };
 }  // namespace

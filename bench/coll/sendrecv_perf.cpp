@@ -18,7 +18,8 @@ struct SendRecv {
   static double algbw_elements(const Layout& l, int) { return static_cast<double>(l.count); }
   static double bus_factor(int) { return 1.0; }
   static Expect expect(const Layout&, int rank, int n, int, std::size_t j) { return Expect::copy((rank + n - 1) % n, j); }
-  static void run(Comm& comm, const Call& c, std::vector<chorus::Request>& pending) {
+  template <class C>
+  static void run(C& comm, const Call& c, std::vector<chorus::Request>& pending) {
     const std::size_t bytes = c.bytes(c.layout.count);
     if (c.size == 1) {  // no link to oneself
       if (c.out != c.in && bytes != 0) std::memmove(c.out, c.in, bytes);

@@ -29,6 +29,7 @@
 
 #include "chorus/algo/descriptor.hpp"
 #include "chorus/chorus.hpp"
+#include "chorus/transport/inproc/transport.hpp"
 #include "chorus/device/runtime.hpp"
 
 namespace chorus::bench {
@@ -70,13 +71,18 @@ struct Call {
   /// The device runtime where the buffers are device memory (-g 1), else null: the host must not
   /// touch them itself (copy() below does it through the runtime).
   device::Runtime* rt = nullptr;
+  /// The rank's own stream, where it has one (device buffers, ranks as threads: --transport
+  /// inproc), else null: the calls then go to the default stream through the API without one.
+  const device::Stream* stream = nullptr;
 
   std::size_t bytes(std::size_t elements) const { return elements * size_of(dtype); }
-  /// Copies n bytes between this call's buffers: a memcpy, or through the device runtime (on the
-  /// legacy default stream, waited for) where they are device memory.
+  /// Copies n bytes between this call's buffers: a memcpy, or through the device runtime where
+  /// they are device memory: on the rank's stream after the call, or on the legacy default
+  /// stream, waited for.
   void copy(std::byte* dst, const std::byte* src, std::size_t n) const {
     if (n == 0) return;
     if (!rt) return void(std::memcpy(dst, src, n));
+    if (stream) return rt->copy(dst, src, n, *stream);
     rt->copy(dst, src, n, device::Stream{});
     rt->synchronize(device::Stream{});
   }
@@ -92,8 +98,11 @@ void issue(const Call& c, std::vector<Request>& pending, Blocking&& blocking, As
     pending.push_back(async());
 }
 
+/// Ranks as threads of one process (--transport inproc).
+using ThreadComm = Communicator<inproc::Transport>;
+
 template <class D>
-concept CollectiveDescriptor = requires(const Layout& l, int n, std::size_t j, Comm& comm, const Call& call,
+concept CollectiveDescriptor = requires(const Layout& l, int n, std::size_t j, Comm& comm, ThreadComm& tcomm, const Call& call,
                                         std::vector<Request>& pending) {
   { D::kName } -> std::convertible_to<std::string_view>;
   { D::kKind } -> std::convertible_to<std::optional<algo::CollectiveKind>>;
@@ -105,6 +114,7 @@ concept CollectiveDescriptor = requires(const Layout& l, int n, std::size_t j, C
   { D::bus_factor(n) } -> std::convertible_to<double>;
   { D::expect(l, n, n, n, j) } -> std::same_as<Expect>;
   D::run(comm, call, pending);
+  D::run(tcomm, call, pending);
 };
 
 /// A descriptor as the driver uses it: the same members, as values and function pointers.
@@ -119,12 +129,14 @@ struct Collective {
   double (*bus_factor)(int n) = nullptr;
   Expect (*expect)(const Layout& l, int rank, int n, int root, std::size_t j) = nullptr;
   void (*run)(Comm& comm, const Call& call, std::vector<Request>& pending) = nullptr;
+  void (*run_threads)(ThreadComm& comm, const Call& call, std::vector<Request>& pending) = nullptr;
 };
 
 template <CollectiveDescriptor D>
 constexpr Collective describe() {
   return {D::kName,   D::kKind,           D::kReduces,    D::kRooted, D::kInPlaceChecked,
-          &D::layout, &D::algbw_elements, &D::bus_factor, &D::expect, &D::run};
+          &D::layout, &D::algbw_elements, &D::bus_factor, &D::expect, &D::template run<Comm>,
+          &D::template run<ThreadComm>};
 }
 
 }  // namespace chorus::bench

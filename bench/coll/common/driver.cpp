@@ -44,6 +44,9 @@
 #include <cstring>
 #include <exception>
 #include <set>
+#include <thread>
+#include <type_traits>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -66,10 +69,15 @@ void wait_all(std::vector<Request>& pending) {
   pending.clear();
 }
 
+/// C: Comm (ranks as processes) or ThreadComm (ranks as threads, --transport inproc).
+template <class C>
 class Driver {
  public:
-  Driver(const Collective& d, Comm& comm, const Settings& s, std::string program, device::Runtime* rt)
+  /// `stream`: the rank's own stream for its device calls (ranks as threads), or null: the default.
+  Driver(const Collective& d, C& comm, const Settings& s, std::string program, device::Runtime* rt,
+         device::Stream stream = nullptr)
       : rt_(rt),
+        stream_(stream),
         d_(d),
         comm_(comm),
         s_(s),
@@ -153,7 +161,7 @@ class Driver {
       for (auto k : kinds) name += (name.empty() ? "" : "+") + std::string(k);
       if (!name.empty()) return name;
     }
-    return std::string(Comm::transport_type::kName);
+    return std::string(C::transport_type::kName);
   }
 
   /// Every rank's pid and host name, gathered on rank 0 in fixed-size records.
@@ -201,6 +209,7 @@ class Driver {
     c.size = n_;
     c.blocking = s_.blocking != 0;
     c.rt = rt_;
+    c.stream = rt_ && stream_ ? &stream_ : nullptr;
     std::byte* recv = recv_base() + shift;
     const auto r = static_cast<std::size_t>(rank_);
     c.in = in_place ? recv + r * l.send_in_place * elem : send_base() + shift;
@@ -209,7 +218,10 @@ class Driver {
   }
 
   void start(const Call& c) {
-    d_.run(comm_, c, pending_);
+    if constexpr (std::is_same_v<C, ThreadComm>)
+      d_.run_threads(comm_, c, pending_);
+    else
+      d_.run(comm_, c, pending_);
     if (s_.blocking != 0) {
       wait_all(pending_);
       if (s_.blocking == 1) comm_.barrier();
@@ -242,11 +254,11 @@ class Driver {
     // 2. Timed calls.
     const long calls = static_cast<long>(s_.iters) * s_.agg_iters;
     using Clock = std::chrono::steady_clock;
-    if (rt_) rt_->record(t0_, device::Stream{});
+    if (rt_) rt_->record(t0_, stream_);
     const auto t0 = Clock::now();
     for (long i = 0; i < calls; ++i) start(call(l, dt, op, root, in_place, i));
     const auto posted = Clock::now();
-    if (rt_) rt_->record(t1_, device::Stream{});
+    if (rt_) rt_->record(t1_, stream_);
     finish();
     const auto done = Clock::now();
     auto per_call = [&](Clock::time_point t) {
@@ -332,26 +344,27 @@ class Driver {
   void write_input(const Call& c, std::uint64_t seed) {
     fill_input(host_call(c), seed);
     if (!rt_) return;
-    rt_->copy(dsend_, send_.data(), capacity_, device::Stream{});
-    rt_->copy(drecv_, recv_.data(), capacity_, device::Stream{});
-    rt_->synchronize(device::Stream{});
+    rt_->copy(dsend_, send_.data(), capacity_, stream_);
+    rt_->copy(drecv_, recv_.data(), capacity_, stream_);
+    rt_->synchronize(stream_);
   }
   /// The call as the host sees it once done: for device buffers, the receive buffer is copied
   /// back whole first.
   Call read_output(const Call& c) {
     if (rt_) {
-      rt_->copy(recv_.data(), drecv_, capacity_, device::Stream{});
-      rt_->synchronize(device::Stream{});
+      rt_->copy(recv_.data(), drecv_, capacity_, stream_);
+      rt_->synchronize(stream_);
     }
     return host_call(c);
   }
 
   device::Runtime* rt_;          ///< null: host buffers
+  device::Stream stream_;        ///< the rank's stream (ranks as threads), or null: the default stream
   std::byte* dsend_ = nullptr;   ///< device buffers (with rt_); send_ and recv_ are their host copies
   std::byte* drecv_ = nullptr;
   device::Event t0_ = nullptr, t1_ = nullptr;
   const Collective& d_;
-  Comm& comm_;
+  C& comm_;
   const Settings& s_;
   const int rank_;
   const int n_;
@@ -366,6 +379,40 @@ class Driver {
   std::uint64_t rep_ = 0;
 };
 
+/// --transport inproc: --nranks ranks as threads of this process, over inproc links, sharing the
+/// process's device runtime (one device); each rank calls on a stream of its own, as nccl-tests'
+/// threads do. The first rank to fail decides the exit status.
+int run_threads(const Collective& d, const Settings& settings, const std::string& program, const Options& options,
+                device::Runtime* runtime) {
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::thread> threads;
+  std::atomic<int> status{0};
+  for (int r = 0; r < settings.nranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Options o = options;
+        o.rank = r;
+        o.world_size = settings.nranks;
+        o.store = store;
+        o.init_method.clear();
+        ThreadComm comm = ThreadComm::create(o);
+        const device::Stream stream = runtime ? runtime->create_stream() : nullptr;
+        int rc = 0;
+        {
+          Driver<ThreadComm> driver(d, comm, settings, program, runtime, stream);
+          rc = driver.run();
+        }
+        if (stream) runtime->destroy_stream(stream);
+        if (rc != 0) status = rc;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: rank %d (a thread): %s\n", program.c_str(), r, e.what());
+        status = 1;
+      }
+    });
+  for (auto& t : threads) t.join();
+  return status.load();
+}
+
 /// main() of a *_perf program.
 }  // namespace
 
@@ -375,7 +422,7 @@ int perf_main(const Collective& d, int argc, char** argv) {
   const Settings settings = parse_settings(argc, argv, program);
   int rank = -1;
   try {
-    if (!launched_by_launcher()) return launch_local(settings.nranks, argc, argv);
+    if (!settings.threads && !launched_by_launcher()) return launch_local(settings.nranks, argc, argv);
     std::unique_ptr<device::Runtime> runtime;
     if (settings.device == "sim") runtime = std::make_unique<device::SimRuntime>();
     if (settings.device == "cuda") runtime = make_cuda_runtime();
@@ -386,9 +433,10 @@ int perf_main(const Collective& d, int argc, char** argv) {
     // --algo forces this program's collective only: the driver's own barriers and checks keep theirs.
     if (d.kind && !options.algorithm.empty() && options.algorithm.find(':') == std::string::npos)
       options.algorithm = std::string(algo::to_string(*d.kind)) + ":" + options.algorithm;
+    if (settings.threads) return run_threads(d, settings, program, options, runtime.get());
     Comm comm = Comm::create(options);
     rank = comm.rank();
-    return Driver(d, comm, settings, program, runtime.get()).run();
+    return Driver<Comm>(d, comm, settings, program, runtime.get()).run();
   } catch (const std::exception& e) {
     // Before the communicator exists there is no rank: rank_label() says so, or names the
     // launcher's rank variable ("rank 3 (from RANK, before rank assignment)").

@@ -25,7 +25,7 @@ namespace chorus::bench {
 /// Options for Comm::create: the environment, then the command line's settings.
 inline Options job_options(const Settings& s) {
   Options o = Options::from_env();
-  if (s.transport != "auto") o.transport = s.transport;
+  if (s.transport != "auto" && !s.threads) o.transport = s.transport;
   if (!s.algorithm.empty()) o.algorithm = s.algorithm;
   if (s.chunk_bytes != 0) o.chunk_bytes = s.chunk_bytes;
   if (s.timeout_s > 0) o.timeout = std::chrono::seconds(s.timeout_s);

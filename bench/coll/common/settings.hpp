@@ -45,6 +45,7 @@ struct Settings {
   std::string output_file;            ///< -J: JSON (when it ends in .json)
   // chorus
   std::string transport = "auto";     ///< --transport
+  bool threads = false;               ///< --threads, --transport inproc: ranks as threads of one process
   std::string algorithm;              ///< --algo: empty is the cost model's choice
   std::size_t chunk_bytes = 0;        ///< --chunk_bytes: 0 is the cost model's
   int nranks = 4;                     ///< --nranks: processes to start when no launcher did
@@ -171,9 +172,11 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
       ->check(CLI::Range(0, 1));
   app.add_option("--transport", s.transport,
                  "transport: auto (cuda_ipc or shm on one host, rdma or tcp across), cuda_ipc (device buffers "
-                 "read directly by the peers of one host; with -g 1), shm, rdma or tcp")
-      ->check(CLI::IsMember({"auto", "cuda_ipc", "shm", "rdma", "tcp"}))
+                 "read directly by the peers of one host; with -g 1), shm, rdma, tcp, or inproc (--nranks ranks "
+                 "as threads of this one process, each on a stream of its own, sharing one device with -g 1)")
+      ->check(CLI::IsMember({"auto", "cuda_ipc", "shm", "rdma", "tcp", "inproc"}))
       ->capture_default_str();
+  app.add_flag("--threads", s.threads, "ranks as threads of this process: --transport inproc");
   app.add_option("--algo", s.algorithm, "force the algorithm: auto, ring, tree, recursive_doubling, ...")
       ->check([](const std::string& v) -> std::string {
         try {
@@ -203,6 +206,8 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
     if (device.empty()) device = s.ngpus > 0 ? "cuda" : "host";
     if (device == "host" && s.ngpus > 0) throw CLI::ValidationError("--device", "host contradicts -g 1");
     s.device = device;
+    if (s.transport == "inproc") s.threads = true;
+    if (s.threads) s.transport = "inproc";
     s.ngpus = device == "host" ? 0 : 1;
     if (type == "all") {
       s.types.assign(std::begin(kNcclTypeOrder), std::end(kNcclTypeOrder));
