@@ -3,8 +3,11 @@
 // CUDA runtime (device/cuda_runtime.hpp, built by nvcc in tests/cuda/support/cuda_runtime.cu; this
 // file is host code), ranks as processes over shm and tcp at worlds 2 and 3 sharing the GPUs
 // (rank r on device r % device_count()), and over cuda_ipc at worlds 2 to 4 with every rank on
-// device 0 (CUDA IPC handles work between processes of one device): the direct collectives, each
-// rank reading the others' windows through real IPC mappings (4 KiB slots: many steps per call). Without a GPU the GPU tests' main exits 77 (skipped);
+// device 0 (CUDA IPC handles work between processes of one device): the collective kernel through
+// the areas' windows, and the IPC windows' collectives (scatter, gather, all_to_all), each rank
+// reading the others' memory through real IPC mappings (4 KiB windows: many chunks per call); and
+// ranks as threads of this process on device 0 (the collective kernel with plain pointers).
+// Without a GPU the GPU tests' main exits 77 (skipped);
 // with REQUIRE_GPU=1 that is a failure instead (cuda/gpu_test.hpp).
 #include <doctest/doctest.h>
 
@@ -69,6 +72,27 @@ void ipc_matrix(int world) {
       p);
 }
 
+/// The matrix with ranks as threads of this process on device 0 (inproc): the collective kernel
+/// with plain device pointers, every rank on a stream of its own, one CUDA runtime.
+void threads_matrix(int world) {
+  auto rt = chorus::test::make_cuda_runtime();
+  rt->set_device(0);
+  chorus::test::ThreadOptions t;
+  t.timeout = 60s;
+  chorus::test::run_threads(
+      world,
+      [&](int, chorus::Options o) {
+        rt->set_device(0);  // (this thread's current device)
+        using Comm = chorus::Communicator<chorus::inproc::Transport>;
+        Comm comm = Comm::create(o);
+        std::ostringstream where;
+        where << "(inproc, ranks as threads, world " << world << ", CUDA)";
+        chorus::test::device_matrix::run_all(comm, *rt, where.str(), /*threads=*/true);
+        chorus::test::expect(comm.memory_stats().kernel_area_bytes != 0, "the collective kernel ran (an area)");
+      },
+      t);
+}
+
 using ShmComm = chorus::Communicator<chorus::shm::Transport>;
 using TcpComm = chorus::Communicator<chorus::tcp::Transport>;
 
@@ -80,5 +104,7 @@ TEST_CASE("gpu: collectives on device buffers over tcp, world 2") { matrix<TcpCo
 TEST_CASE("gpu: collectives on device buffers over cuda_ipc, world 2") { ipc_matrix(2); }
 TEST_CASE("gpu: collectives on device buffers over cuda_ipc, world 3") { ipc_matrix(3); }
 TEST_CASE("gpu: collectives on device buffers over cuda_ipc, world 4") { ipc_matrix(4); }
+TEST_CASE("gpu: collectives on device buffers, ranks as threads on one device, world 2") { threads_matrix(2); }
+TEST_CASE("gpu: collectives on device buffers, ranks as threads on one device, world 4") { threads_matrix(4); }
 
 }  // namespace cuda_test_collectives

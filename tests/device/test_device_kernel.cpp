@@ -199,6 +199,34 @@ TEST_CASE("kernel budget: a warm all_reduce, ranks as processes over cuda_ipc, k
   }
 }
 
+// A communicator split from ranks as threads takes the kernel too: 4 ranks in two groups of 2 (even
+// and odd), each group's all_reduce on device buffers through its own areas, while the parent's
+// runs alongside them in the same order on every rank.
+TEST_CASE("kernel: split communicators of ranks as threads take the kernel") {
+  SimRuntime rt;
+  chorus::test::run_threads(
+      4,
+      [&](int rank, chorus::Options o) {
+        InprocComm comm = InprocComm::create(o);
+        comm.set_device_runtime(&rt);
+        InprocComm half = comm.split(rank % 2, rank);
+        const Stream s = rt.create_stream();
+        {
+          Buffers b(rt, 3001, rank / 2, s), w(rt, 3001, rank, s);
+          for (int i = 0; i < 3; ++i) {
+            half.all_reduce(b.in, b.out, b.n, DataType::float32, ReduceOp::sum, s).wait();
+            b.check(2, s, "the split communicator's all_reduce, call " + std::to_string(i));
+            comm.all_reduce(w.in, w.out, w.n, DataType::float32, ReduceOp::sum, s).wait();
+            w.check(4, s, "the parent's all_reduce, call " + std::to_string(i));
+          }
+          expect(half.memory_stats().kernel_area_bytes != 0, "the split communicator ran the kernel");
+          comm.barrier();
+        }
+        rt.destroy_stream(s);
+      },
+      thread_options());
+}
+
 // Rank `odd` calls with one element more than the others: every rank's kernel finds the other
 // descriptor at its first barrier (direct) or in the LL lines' descriptor (LL) and fails with
 // mismatch naming both calls; the communicator is aborted after it.

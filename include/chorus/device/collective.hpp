@@ -115,9 +115,10 @@ struct CollectiveLaunch {
   std::uint32_t pad0;
   std::uint64_t chunk;         ///< windowed: elements per chunk (of each block of the window)
   std::uint64_t desc[4];       ///< the call's descriptor (algo::CollectiveDesc), compared with every peer's
-  std::uint32_t* abort;        ///< pinned: not 0 once this process gives up (the host or a kernel sets it)
-  KernelResult* result;        ///< pinned: `blocks` entries, zeroed by the host
-  KernelReport* report;        ///< pinned: kMaxKernelBlocks entries
+  /// Pinned memory, as kernels address it (Runtime::device_address):
+  std::uint32_t* abort;        ///< not 0 once this process gives up (the host or a kernel sets it)
+  KernelResult* result;        ///< `blocks` entries, zeroed by the host
+  KernelReport* report;        ///< kMaxKernelBlocks entries
   std::uint64_t timeout_ns;    ///< from the kernel's start
 };
 static_assert(std::is_trivially_copyable_v<CollectiveLaunch>);

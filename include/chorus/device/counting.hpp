@@ -111,6 +111,7 @@ class CountingRuntime final : public Runtime {
   }
   void* alloc_pinned(std::size_t bytes) override { return in_.alloc_pinned(bytes); }
   void free_pinned(void* p) override { in_.free_pinned(p); }
+  void* device_address(void* p) override { return in_.device_address(p); }
   bool can_access_peer(int device, int peer_device) override { return in_.can_access_peer(device, peer_device); }
   IpcHandle ipc_export(void* base) override { return in_.ipc_export(base); }
   void* ipc_open(const IpcHandle& h) override {

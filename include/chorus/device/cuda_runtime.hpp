@@ -320,16 +320,14 @@ class CudaRuntime final : public Runtime {
     detail::cuda_check(cudaGetLastError(), "cudaLaunchKernel");
   }
 
-  void launch_collective(const CollectiveLaunch& a, Stream s) override {
-    CollectiveLaunch d = a;
+  void* device_address(void* p) override {
     void* mapped = nullptr;
-    detail::cuda_check(cudaHostGetDevicePointer(&mapped, a.abort, 0), "cudaHostGetDevicePointer");
-    d.abort = static_cast<std::uint32_t*>(mapped);
-    detail::cuda_check(cudaHostGetDevicePointer(&mapped, a.report, 0), "cudaHostGetDevicePointer");
-    d.report = static_cast<KernelReport*>(mapped);
-    detail::cuda_check(cudaHostGetDevicePointer(&mapped, a.result, 0), "cudaHostGetDevicePointer");
-    d.result = static_cast<KernelResult*>(mapped);
-    detail::cuda_check(launch_collective_async(d, s), "cudaLaunchKernel");
+    detail::cuda_check(cudaHostGetDevicePointer(&mapped, p, 0), "cudaHostGetDevicePointer");
+    return mapped;
+  }
+  /// a.abort, a.result and a.report are device addresses already (device_address).
+  void launch_collective(const CollectiveLaunch& a, Stream s) override {
+    detail::cuda_check(launch_collective_async(a, s), "cudaLaunchKernel");
   }
   /// One block per multiprocessor and rank: the blocks of every rank's kernel are resident at
   /// once (a block of 256 threads fits on any multiprocessor beside the others).

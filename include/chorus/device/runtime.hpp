@@ -86,6 +86,9 @@ class Runtime {
   /// cudaHostAllocPortable | cudaHostAllocMapped): staging buffers and flags live here.
   virtual void* alloc_pinned(std::size_t bytes) = 0;
   virtual void free_pinned(void* p) = 0;
+  /// The address kernels use for pinned memory at `p` (from alloc_pinned; cudaHostGetDevicePointer):
+  /// asked once per allocation, so that a launch need not. The default: `p` itself.
+  virtual void* device_address(void* p) { return p; }
 
   // --- memory of other processes (CUDA IPC) -------------------------------------------------
   /// Whether `device` can map and access `peer_device`'s memory (cudaDeviceCanAccessPeer; a device

@@ -184,8 +184,8 @@ class DeviceExecutor final : public Executor {
     retired_.clear();
   }
 
-  /// Blocks until the stream has done everything issued, polling (a short spin, then sleeps
-  /// growing to 1 ms) so that a wait is bounded by the timeout.
+  /// Blocks until the stream has done everything issued, polling (a spin of kSpin, then sleeps
+  /// growing from 20 us to 1 ms) so that a wait is bounded by the timeout.
   void wait_stream() {
     wait_stream(timeout_, [] { return true; });
   }
@@ -197,16 +197,18 @@ class DeviceExecutor final : public Executor {
     join();
     rt_.record(done_, stream_);
     if (rt_.query(done_)) return side_done();
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto begin = std::chrono::steady_clock::now();
+    const auto deadline = begin + timeout;
     std::chrono::microseconds nap{0};
-    for (int spins = 0;; ++spins) {
+    for (;;) {
       if (rt_.query(done_)) return side_done();
       if (!watch()) return false;
-      if (std::chrono::steady_clock::now() > deadline)
+      const auto now = std::chrono::steady_clock::now();
+      if (now > deadline)
         throw Error(ErrorCode::timeout, ErrorContext{},
                     "the device stream did not finish its work within " + std::to_string(timeout.count()) +
                         " ms (CHORUS_TIMEOUT)");
-      if (spins < 64) {
+      if (now - begin < kSpin) {  // a slice's copy takes microseconds: a nap would cost more than it
         std::this_thread::yield();
         continue;
       }
@@ -216,6 +218,8 @@ class DeviceExecutor final : public Executor {
     }
   }
 
+  /// How long wait_stream spins (yielding the core) before it naps.
+  static constexpr std::chrono::microseconds kSpin{200};
   static constexpr std::size_t kBlockBytes = std::size_t(1) << 20;
   static constexpr std::size_t kKeepStagingBytes = std::size_t(16) << 20;
   static constexpr int kWindow = 16;

@@ -66,6 +66,11 @@ Communicator<T> Communicator<T>::split(int color, int key) {
     sub->plan_inputs.hosts = st.plan_inputs.hosts.restrict(parent_ranks);
   }
   sub->plan_inputs.links = st.plan_inputs.links;  // the parent's, alike on every rank (not this rank's own view)
+  // The collective kernel where every member's device memory is reachable: threads of this process,
+  // or a parent over cuda_ipc (its links, and its window size, serve the group).
+  sub->kernel_in_process = algo::peers_in_process(sub->group);
+  sub->ipc_slot_bytes = st.ipc_slot_bytes;
+  sub->plan_inputs.kernel = sub->kernel_in_process || (st.plan_inputs.ipc && algo::has_ipc(sub->group));
   sub->group.descriptors = st.group.descriptors;
   // 3. A context id unique in the job: the group's first member draws it from the store, the
   //    others read it. Tags carry it, so the groups never see each other's messages.

@@ -177,7 +177,7 @@ class SimRuntime final : public Runtime {
   // --- for tests -----------------------------------------------------------------------------
   /// Makes the n-th call of `call` from now (n >= 1) fail with `cuda_error`. Calls: alloc_device,
   /// alloc_pinned, create_stream, create_event (they throw at the call) and copy, fill, reduce,
-  /// reduce_many, finalize_avg, wait_flag, write_value, wait_value (the operation fails inside its
+  /// reduce_many, finalize_avg, wait_flag, write_value, wait_value, collective (the operation fails inside its
   /// stream, whose next query or synchronize throws). A later fail_after for the same call replaces the earlier one.
   /// Throws invalid_argument for another call name, n < 1 or cuda_error 0.
   void fail_after(std::string_view call, int n, int cuda_error);

@@ -21,6 +21,7 @@
 /// (cudaStreamWaitEvent, on the device).
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstddef>
@@ -198,6 +199,10 @@ class KernelPath final : public chorus::detail::Driver, public std::enable_share
   device::KernelReport* report_ = nullptr;  ///< pinned, kMaxKernelBlocks entries
   device::KernelResult* results_ = nullptr;  ///< pinned, kKernelResultSlots x kMaxKernelBlocks entries
   std::uint64_t calls_ = 0;                  ///< kernels launched (picks the call's slot of results_)
+  /// The same pinned memory as kernels address it (Runtime::device_address).
+  std::uint32_t* abort_dev_ = nullptr;
+  device::KernelReport* report_dev_ = nullptr;
+  device::KernelResult* results_dev_ = nullptr;
   device::Stream stream_ = nullptr;    ///< for blocking calls and the area's writes
   unsigned max_blocks_ = 1;
   std::uint64_t barriers_ = 0, ll_calls_ = 0;  ///< under the communicator's call lock
@@ -209,7 +214,7 @@ class KernelPath final : public chorus::detail::Driver, public std::enable_share
   std::deque<Flight> flight_;
   std::vector<device::Event> spare_;
   std::optional<Error> failure_;
-  int broken_peer_ = -1;
+  std::atomic<int> broken_peer_{-1};  ///< a peer whose link broke while kernels ran (watch_links)
 };
 
 }  // namespace chorus::algo

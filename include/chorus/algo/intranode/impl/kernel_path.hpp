@@ -45,6 +45,9 @@ void KernelPath<T>::set_up(Store& store, const std::string& key) {
   report_ = static_cast<device::KernelReport*>(rt_.alloc_pinned(device::kMaxKernelBlocks * sizeof(device::KernelReport)));
   results_ = static_cast<device::KernelResult*>(
       rt_.alloc_pinned(device::kKernelResultSlots * device::kMaxKernelBlocks * sizeof(device::KernelResult)));
+  abort_dev_ = static_cast<std::uint32_t*>(rt_.device_address(abort_));
+  report_dev_ = static_cast<device::KernelReport*>(rt_.device_address(report_));
+  results_dev_ = static_cast<device::KernelResult*>(rt_.device_address(results_));
   for (std::size_t i = 0; i < device::kMaxKernelBlocks; ++i) report_[i] = device::KernelReport{};
   for (std::size_t i = 0; i < device::kKernelResultSlots * device::kMaxKernelBlocks; ++i) results_[i] = device::KernelResult{0, -1};
   auto* area = static_cast<std::byte*>(rt_.alloc_device(device::area::bytes(window_)));
@@ -139,8 +142,8 @@ device::CollectiveLaunch KernelPath<T>::prepare(const CollectiveDesc& desc, cons
   if (a.protocol == KernelProtocol::ll) a.ll_flag = static_cast<std::uint32_t>(ll_calls_++ % 0x7fffffffu) + 1;
   const auto words = std::bit_cast<std::array<std::uint64_t, 4>>(desc);
   for (int w = 0; w < 4; ++w) a.desc[w] = words[static_cast<std::size_t>(w)];
-  a.abort = abort_;
-  a.report = report_;
+  a.abort = abort_dev_;
+  a.report = report_dev_;
   a.timeout_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_).count());
   return a;
 }
@@ -155,9 +158,10 @@ void KernelPath<T>::launch(const device::CollectiveLaunch& args, device::Stream 
     }
   }
   device::CollectiveLaunch a = args;
-  device::KernelResult* result = results_ + (calls_++ % device::kKernelResultSlots) * device::kMaxKernelBlocks;
+  const std::size_t slot = (calls_++ % device::kKernelResultSlots) * device::kMaxKernelBlocks;
+  device::KernelResult* result = results_ + slot;
   for (std::uint32_t b = 0; b < a.blocks; ++b) result[b] = device::KernelResult{0, -1};
-  a.result = result;
+  a.result = results_dev_ + slot;
   // The default stream (null) is shared by every thread of the process, so ranks as threads
   // would queue their kernels behind one another there: the call runs on this path's stream,
   // after the default stream's work, and the default stream's later work follows it.
@@ -220,9 +224,9 @@ std::optional<Error> KernelPath<T>::outcome(const Flight& f) {
     case KernelStatus::aborted: break;
   }
   if (failure_) return Error::from_text(failure_->code(), failure_->what(), failure_->rank(), failure_->peer());
-  if (broken_peer_ >= 0)
-    return Error(ErrorCode::peer_failure, ErrorContext{g_.rank, broken_peer_, describe(f.desc)},
-                 "rank " + std::to_string(broken_peer_) + " failed while this rank's device waited for it");
+  if (const int q = broken_peer_.load(); q >= 0)
+    return Error(ErrorCode::peer_failure, ErrorContext{g_.rank, q, describe(f.desc)},
+                 "rank " + std::to_string(q) + " failed while this rank's device waited for it");
   return Error(ErrorCode::aborted, ctx, "the communicator was aborted while the collective kernel ran");
 }
 
@@ -265,11 +269,11 @@ bool KernelPath<T>::reap() {
 
 template <Transport T>
 void KernelPath<T>::watch_links() {
-  if (broken_peer_ >= 0) return;
+  if (broken_peer_.load() >= 0) return;
   for (int q = 0; q < g_.size(); ++q)
     if (q != g_.rank && link_broken(g_, q)) {
-      broken_peer_ = q;
-      abort_kernels();
+      int none = -1;
+      if (broken_peer_.compare_exchange_strong(none, q)) abort_kernels();
       return;
     }
 }
@@ -341,6 +345,10 @@ template <Transport T>
 void KernelPath<T>::release(Store* store, const std::string& key, bool failed, std::chrono::milliseconds bound) {
   if (mine_ == nullptr) return;
   const bool settled = settle(bound);
+  if (!settled) {  // a peer that never came: the kernels give up now, before their memory goes
+    abort_kernels();
+    (void)settle(std::chrono::seconds(2));
+  }
   bool quiet = false;
   if (settled && !failed && store != nullptr && !failure()) {
     // Every peer's kernels are over once it says so: then none reads or writes this area.
