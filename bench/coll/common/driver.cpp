@@ -422,6 +422,10 @@ int perf_main(const Collective& d, int argc, char** argv) {
   const Settings settings = parse_settings(argc, argv, program);
   int rank = -1;
   try {
+    if (settings.threads && launched_by_launcher())
+      throw Error(ErrorCode::invalid_argument,
+                  "ranks as threads (--transport inproc, --threads, -t N) run in one process: start it plainly, "
+                  "not under a launcher");
     if (!settings.threads && !launched_by_launcher()) return launch_local(settings.nranks, argc, argv);
     std::unique_ptr<device::Runtime> runtime;
     if (settings.device == "sim") runtime = std::make_unique<device::SimRuntime>();

@@ -154,8 +154,10 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
       ->capture_default_str();
   app.add_option("-J,--output_file", s.output_file, "write the results as JSON to this file (*.json)");
   int one_thread = 1, graph = 0, parallel_init = 0, stream_null = 0;
-  app.add_option("-t,--nthreads", one_thread, "nccl-tests' threads per process: only 1 (use --nranks)")
-      ->check(CLI::Range(1, 1));
+  app.add_option("-t,--nthreads", one_thread,
+                 "nccl-tests' threads per process: N > 1 runs N ranks as threads of this process (as --threads "
+                 "--nranks N; not with a launcher or --nranks)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("-g,--ngpus", s.ngpus,
                  "GPUs per rank: 1 puts the buffers in device memory (--device, default cuda), 0 in host memory")
       ->check(CLI::Range(0, 1))
@@ -206,6 +208,12 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
     if (device.empty()) device = s.ngpus > 0 ? "cuda" : "host";
     if (device == "host" && s.ngpus > 0) throw CLI::ValidationError("--device", "host contradicts -g 1");
     s.device = device;
+    if (one_thread > 1) {
+      if (app.count("--nranks") > 0)
+        throw CLI::ValidationError("--nthreads", "-t N (ranks as threads) and --nranks M (processes) together");
+      s.nranks = one_thread;
+      s.threads = true;
+    }
     if (s.transport == "inproc") s.threads = true;
     if (s.threads) s.transport = "inproc";
     s.ngpus = device == "host" ? 0 : 1;
