@@ -41,7 +41,7 @@ for f in "$b"/bin/*; do
   done < <(ldd "$f")
 done
 echo "  $n binaries checked"
-((n >= 6)) || { echo "  expected the GPU suite (4 or more), chorus_perf and copy_bw" >&2; fail=1; }
+((n >= 7)) || { echo "  expected the GPU suite (4 or more), chorus_perf, copy_bw and pingpong" >&2; fail=1; }
 
 if [[ -e /dev/nvidiactl ]] || command -v nvidia-smi > /dev/null; then
   echo "== gpu-bundle check: run.sh (no GPU): skipped, this machine has an NVIDIA driver =="
@@ -68,15 +68,22 @@ s=$work/out-sim/summary.txt
 if ((rc != 0)); then
   echo "  run.sh --sim failed" >&2; fail=1
 fi
-for want in '^result: PASS$' '^mode: sim' '^copy bandwidth' '^GPU suite: not run' '^perf: 2 ranks' \
-            '^  all_reduce +shm ' '^  all_gather +cuda_ipc '; do
+for want in '^result: PASS$' '^mode: sim' '^copy bandwidth' '^GPU suite: not run' '^flag ping-pong' \
+            '^collective kernel on' '^  threads 2 +all_reduce ' '^  threads 8 +broadcast ' '^  processes 2 +all_gather ' \
+            '^staged path'; do
   grep -Eq "$want" "$s" 2>/dev/null || { echo "  summary.txt lacks /$want/" >&2; fail=1; }
 done
 for f in summary.json run.log steps.tar.gz; do
   [[ -s $work/out-sim/$f ]] || { echo "  run.sh --sim wrote no $f" >&2; fail=1; }
 done
-python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["result"] == "PASS" and len(d["perf"]) == 8' \
-  "$work/out-sim/summary.json" || { echo "  summary.json unreadable or not a PASS of 8 perf runs" >&2; fail=1; }
+python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["result"] == "PASS" and len(d["kernel"]) == 16, "not a PASS of 16 kernel rows"
+for r in d["kernel"]:
+    assert r["ok"] and r["wrong"] == 0 and r["time_8B_us"] is not None and r["floor_fraction"] is not None, r
+assert all(d["pingpong"][m]["ok"] for m in ("threads", "processes")), d["pingpong"]
+' "$work/out-sim/summary.json" || { echo "  summary.json unreadable, or not a PASS with every kernel row and the ping-pong" >&2; fail=1; }
 
 if ((fail)); then
   echo "gpu-bundle check: FAIL"

@@ -3,10 +3,12 @@
 # The chorus GPU check, from the folder scripts/gpu-bundle builds (docs/gpu-bundle.md). Needs only
 # an x86-64 Linux with a CUDA driver (libcuda), bash, coreutils' timeout and python3 (stdlib).
 #
-#   run.sh OUTDIR          on the GPU (device 0): the GPU suite with REQUIRE_GPU=1, the *_perf
-#                          programs at 2 ranks over shm (staged) and cuda_ipc (direct), the copy
-#                          bandwidth; never longer than CHORUS_BUNDLE_BUDGET_S (run on an H200:
-#                          docs/performance.md, "On a GPU")
+#   run.sh OUTDIR          on the GPU (device 0): the copy bandwidth, a flag ping-pong between two
+#                          kernels (two threads, two processes), the collective kernel's *_perf rows
+#                          (ranks as threads, k = 2, 4, 8; as processes over cuda_ipc, k = 2: 8 B
+#                          over 1000 calls, and 16 B to 1 GiB), all_reduce over shm (the staged
+#                          path), the GPU suite with REQUIRE_GPU=1; never longer than
+#                          CHORUS_BUNDLE_BUDGET_S (docs/gpu-bundle.md)
 #   run.sh --sim OUTDIR    the same steps on the simulated CUDA runtime (no GPU needed; small sizes),
 #                          so that the steps and the summary's format are checked anywhere
 #
@@ -17,7 +19,7 @@
 # timed out), 2 usage, 3 NO GPU (no driver, no device: nothing was run; not a pass).
 #
 # Every step runs under its own `timeout`, shortened where needed so that the whole run stays
-# within CHORUS_BUNDLE_BUDGET_S seconds (default 450, under the 8 minutes a borrowed GPU allows).
+# within CHORUS_BUNDLE_BUDGET_S seconds (default 360: 6 minutes of a borrowed GPU's 15).
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -40,7 +42,7 @@ rm -f "$steps"/* "$out"/summary.txt "$out"/summary.json "$out"/steps.tar.gz
 exec > >(tee "$out/run.log") 2>&1
 tee_pid=$!
 
-budget=${CHORUS_BUNDLE_BUDGET_S:-450}
+budget=${CHORUS_BUNDLE_BUDGET_S:-360}
 start=$SECONDS
 mode=gpu
 ((sim)) && mode=sim
@@ -121,24 +123,43 @@ for exe in "$bin"/cuda_test_*; do
   [[ $(basename "$exe") == cuda_test_collectives ]] || gpu_test "$exe" 120
 done
 
-# 4. The *_perf programs: 2 ranks on device 0, over shm (device buffers staged through pinned host
-# memory) and cuda_ipc (each rank reads the other's device memory directly). -f 2, not nccl-tests'
-# usual -f 4: from 8 B, -f 4 never lands on 64 MiB or 256 MiB. CHORUS_DEBUG=INFO makes each rank
-# say which device path its communicator took (summary.py checks it).
-if ((sim)); then
-  device=sim max=256K
-else
-  device=cuda max=256M
-fi
-echo "perf (-b 8 -e $max -f 2 -g 1 --device $device --nranks 2):"
-for coll in all_reduce broadcast reduce_scatter all_gather; do
-  for path in shm cuda_ipc; do
-    step "perf_${coll}_${path}" 90 env CHORUS_DEBUG=INFO "$bin/chorus_perf" "${coll}_perf" -b 8 -e "$max" -f 2 -g 1 \
-      --device "$device" --nranks 2 --transport "$path" -J "$steps/perf_${coll}_${path}.json"
-  done
+# 4. The hand-off of a device flag between two spinning kernels: two threads of one process (one
+# context, side by side) and two processes (time-sliced without MPS): the time-slice question.
+echo "flag ping-pong:"
+host_flag=()
+((sim)) && host_flag=(--host)
+for m in threads processes; do
+  step "pingpong_$m" 60 "$bin/pingpong" "${host_flag[@]}" --mode "$m" --iters "$( ((sim)) && echo 2000 || echo 10000)" \
+    --json "$steps/pingpong_$m.json"
 done
 
-# 5. The GPU suite's collective matrix: device buffers over shm, tcp and cuda_ipc, ranks as processes.
+# 5. The collective kernel, ranks as threads on device 0 (k = 2, 4, 8) and as processes (k = 2, over
+# cuda_ipc): per row, 8 B over 1000 calls on each rank's stream, then a sweep from 16 B by 4 to
+# the largest size (256 MiB and 1 GiB among them; --sim: 256 KiB). Then the staged path (shm) for
+# comparison. CHORUS_DEBUG=INFO makes each rank say which device path its communicator took.
+if ((sim)); then
+  device=sim max=256K iters=5 warm=1
+else
+  device=cuda max=1G iters=20 warm=5
+fi
+echo "collective kernel (-g 1 --device $device; 8 B: -n 1000; sweep: -b 16 -e $max -f 4):"
+for config in threads:2 threads:4 threads:8 processes:2; do
+  kind=${config%%:*} k=${config##*:}
+  transport=inproc
+  [[ $kind == processes ]] && transport=cuda_ipc
+  for coll in all_reduce reduce_scatter all_gather broadcast; do
+    name=kernel_${kind}${k}_${coll}
+    step "${name}_8B" 60 env CHORUS_DEBUG=INFO "$bin/chorus_perf" "${coll}_perf" -b 8 -e 8 -n 1000 -w 20 -g 1 \
+      --device "$device" --nranks "$k" --transport "$transport" -J "$steps/${name}_8B.json"
+    step "${name}_sweep" 120 env CHORUS_DEBUG=INFO "$bin/chorus_perf" "${coll}_perf" -b 16 -e "$max" -f 4 -n "$iters" \
+      -w "$warm" -g 1 --device "$device" --nranks "$k" --transport "$transport" -J "$steps/${name}_sweep.json"
+  done
+done
+echo "staged path (all_reduce over shm, 2 processes, -b 8 -e $max -f 2):"
+step perf_all_reduce_shm 90 env CHORUS_DEBUG=INFO "$bin/chorus_perf" all_reduce_perf -b 8 -e "$max" -f 2 -n "$iters" \
+  -w "$warm" -g 1 --device "$device" --nranks 2 --transport shm -J "$steps/perf_all_reduce_shm.json"
+
+# 6. The GPU suite's collective matrix: device buffers over shm, tcp and cuda_ipc, ranks as processes.
 for exe in "$bin"/cuda_test_collectives; do
   [[ -x $exe ]] && gpu_test "$exe" 240
 done

@@ -13,16 +13,18 @@ import os
 import re
 import sys
 
-FORMAT = 1
-COLLECTIVES = ["all_reduce", "broadcast", "reduce_scatter", "all_gather"]
-PATHS = ["shm", "cuda_ipc"]
-# The device path each transport must take with device buffers (CHORUS_DEBUG=INFO's
-# "communicator ready" line): shm stages through pinned host memory, cuda_ipc reads directly.
-EXPECTED_PATH = {"shm": "staged", "cuda_ipc": "direct"}
-SIZES = {  # mode -> (largest size of the sweep, the two sizes whose busbw is reported)
-    "gpu": (256 << 20, [64 << 20, 256 << 20]),
-    "sim": (256 << 10, [64 << 10, 256 << 10]),
+FORMAT = 2
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
+# The collective kernel's rows: ranks as threads of one process, and as processes over cuda_ipc.
+CONFIGS = [("threads", 2), ("threads", 4), ("threads", 8), ("processes", 2)]
+# The device path each row must take (CHORUS_DEBUG=INFO's "communicator ready" line).
+EXPECTED_PATH = {"threads": "kernel", "processes": "kernel", "shm": "staged"}
+SIZES = {  # mode -> (largest size of the sweeps, the size whose time is held against the floor)
+    "gpu": (1 << 30, 256 << 20),
+    "sim": (256 << 10, 256 << 10),
 }
+# Targets of the kernel rows (the GPU issue): ranks as threads, all_reduce at k = 2.
+TARGETS = {"time_8B_us": 20.0, "floor_fraction": 1.67}
 EXIT = {"PASS": 0, "FAIL": 1, "NO GPU": 3}
 
 
@@ -104,8 +106,8 @@ def suite_results(steps_dir, steps, mode):
 
 def device_path(log):
     found = set()
-    if re.search(r"device buffers: direct reads", log):
-        found.add("direct")
+    if re.search(r"device buffers: one collective kernel per call", log):
+        found.add("kernel")
     if re.search(r"device buffers: staged through", log):
         found.add("staged")
     if not found:
@@ -113,22 +115,20 @@ def device_path(log):
     return found.pop() if len(found) == 1 else "mixed"
 
 
-def perf_result(steps_dir, steps, coll, path, mode):
-    name = "perf_%s_%s" % (coll, path)
-    max_bytes, big = SIZES[mode]
-    r = {"collective": coll, "path": path, "problems": []}
+def perf_run(steps_dir, steps, name, expect_path, sizes):
+    """One *_perf step: its status, device path, rows by size and #wrong; problems listed."""
+    r = {"step": name, "problems": []}
     st = steps.get(name)
     if st is None:
         r["problems"].append("not run")
-        r["ok"] = False
-        return r
+        return r, {}
     r.update(rc=st["rc"], seconds=st["seconds"])
     if st["rc"] != 0:
         r["problems"].append(status_text(st["rc"]))
     log = read(os.path.join(steps_dir, name + ".log")) or ""
     r["device_path"] = device_path(log)
-    if r["device_path"] != EXPECTED_PATH[path]:
-        r["problems"].append("device path %s, not %s" % (r["device_path"], EXPECTED_PATH[path]))
+    if r["device_path"] != expect_path:
+        r["problems"].append("device path %s, not %s" % (r["device_path"], expect_path))
     doc = None
     text = read(os.path.join(steps_dir, name + ".json"))
     if text is None:
@@ -138,45 +138,55 @@ def perf_result(steps_dir, steps, coll, path, mode):
             doc = json.loads(text)
         except ValueError as e:
             r["problems"].append("unreadable JSON (%s)" % e)
-    if doc is not None:
-        transport = doc.get("config", {}).get("transport")
-        r["transport"] = transport
-        if transport != path:
-            r["problems"].append("transport %s, not %s" % (transport, path))
-        results = doc.get("results", [])
-        by_size = {row["size"]: row for row in results}
-        want = []
-        s = 8
-        while s <= max_bytes:
-            want.append(s)
-            s *= 2
-        missing = [size_text(s) for s in want if s not in by_size]
-        if missing:
-            r["problems"].append("rows missing: " + ", ".join(missing))
-        r["rows"] = len(results)
-        wrong = 0
-        unchecked = 0
-        for row in results:
-            for half in ("out_of_place", "in_place"):
-                nw = row.get(half, {}).get("nwrong")
-                if nw is None:
-                    unchecked += 1
-                else:
-                    wrong += nw
-            if row.get("out_of_place", {}).get("nwrong") is None:
-                r["problems"].append("%s out-of-place not checked" % size_text(row["size"]))
-        r["wrong"] = wrong
-        r["unchecked_halves"] = unchecked
-        oob = doc.get("out_of_bounds", {}).get("count")
-        if wrong != 0 or oob not in (0, None):
-            r["problems"].append("%d wrong elements" % max(wrong, oob or 0))
-        r["time_8B_us"] = by_size[8]["out_of_place"]["time"] if 8 in by_size else None
-        r["busbw"] = {}
-        for b in big:
-            row = by_size.get(b)
-            r["busbw"][str(b)] = row["out_of_place"]["bus_bw"] if row else None
-    r["ok"] = not r["problems"]
-    return r
+    if doc is None:
+        return r, {}
+    results = doc.get("results", [])
+    by_size = {row["size"]: row for row in results}
+    missing = [size_text(x) for x in sizes if x not in by_size]
+    if missing:
+        r["problems"].append("rows missing: " + ", ".join(missing))
+    r["rows"] = len(results)
+    wrong = 0
+    for row in results:
+        for half in ("out_of_place", "in_place"):
+            nw = row.get(half, {}).get("nwrong")
+            if nw is not None:
+                wrong += nw
+        if row.get("out_of_place", {}).get("nwrong") is None:
+            r["problems"].append("%s out-of-place not checked" % size_text(row["size"]))
+    r["wrong"] = wrong
+    oob = doc.get("out_of_bounds", {}).get("count")
+    if wrong != 0 or oob not in (0, None):
+        r["problems"].append("%d wrong elements" % max(wrong, oob or 0))
+    return r, by_size
+
+
+def sweep_sizes(max_bytes):
+    out, x = [], 16
+    while x <= max_bytes:
+        out.append(x)
+        x *= 4
+    return out
+
+
+def kernel_row(steps_dir, steps, kind, k, coll, mode, limit):
+    """A row of the collective kernel: the 8 B run and the sweep, and the big size against the floor
+    k N / C (C: the copy bandwidth, bytes copied per second)."""
+    max_bytes, big = SIZES[mode]
+    base = "kernel_%s%d_%s" % (kind, k, coll)
+    r8, by8 = perf_run(steps_dir, steps, base + "_8B", EXPECTED_PATH[kind], [8])
+    rs, bys = perf_run(steps_dir, steps, base + "_sweep", EXPECTED_PATH[kind], sweep_sizes(max_bytes))
+    row = {"ranks": kind, "k": k, "collective": coll, "problems": r8["problems"] + rs["problems"],
+           "wrong": r8.get("wrong", 0) + rs.get("wrong", 0), "rows": rs.get("rows", 0) + r8.get("rows", 0)}
+    row["time_8B_us"] = by8[8]["out_of_place"]["time"] if 8 in by8 else None
+    b = bys.get(big)
+    row["big_bytes"] = big
+    row["time_big_us"] = b["out_of_place"]["time"] if b else None
+    row["floor_us"] = k * big / (limit * 1e9) * 1e6 if limit else None
+    row["floor_fraction"] = row["time_big_us"] / row["floor_us"] if row["time_big_us"] and row["floor_us"] else None
+    row["busbw_big"] = b["out_of_place"]["bus_bw"] if b else None
+    row["ok"] = not row["problems"]
+    return row
 
 
 def main():
@@ -286,34 +296,67 @@ def main():
         if not suite:
             s["problems"].append("GPU suite: no executable ran")
 
-    # The *_perf runs.
-    _, big = SIZES[a.mode]
-    perf = [perf_result(a.steps, steps, c, p, a.mode) for c in COLLECTIVES for p in PATHS]
-    s["perf"] = perf
-    s["perf_sizes"] = big
-    lines.append("perf: 2 ranks on %s, float sum, out-of-place; busbw in GB/s (fraction of the copy bandwidth); "
-                 "8 B time in us" % ("device 0" if a.mode == "gpu" else "the simulated runtime"))
-    lines.append("  %-15s %-9s %9s %21s %21s %5s %7s %-7s %s" % (
-        "collective", "path", "8 B (us)", "busbw " + size_text(big[0]), "busbw " + size_text(big[1]), "rows",
-        "#wrong", "device", "status"))
+    # The flag ping-pong.
+    s["pingpong"] = {}
+    pp_text = []
+    for m in ("threads", "processes"):
+        st = steps.get("pingpong_" + m)
+        doc = None
+        text = read(os.path.join(a.steps, "pingpong_%s.json" % m))
+        if text:
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                doc = None
+        s["pingpong"][m] = doc
+        if st is None or st["rc"] != 0 or doc is None or not doc.get("ok"):
+            s["problems"].append("pingpong %s: %s" % (m, status_text(st["rc"]) if st else "not run"))
+            pp_text.append("%s -" % m)
+        else:
+            pp_text.append("%s %.2f us" % (m, doc["us_per_handoff"]))
+    lines.append("flag ping-pong between two spinning kernels (%s), per hand-off: %s" % (
+        "device 0" if a.mode == "gpu" else "host threads and processes: --sim", "; ".join(pp_text)))
 
-    def bw(r, b):
-        v = r.get("busbw", {}).get(str(b))
-        if v is None:
-            return "-"
-        frac = " (%.3f)" % (v / limit) if limit else ""
-        return "%.2f%s" % (v, frac)
+    # The collective kernel's rows.
+    max_bytes, big = SIZES[a.mode]
+    rows = [kernel_row(a.steps, steps, kind, k, c, a.mode, limit) for kind, k in CONFIGS for c in COLLECTIVES]
+    s["kernel"] = rows
+    s["kernel_big_bytes"] = big
+    lines.append("collective kernel on %s, float sum, out-of-place: 8 B time per call (1000 calls on each rank's "
+                 "stream); %s: time, the floor k N / C, time / floor (targets, threads all_reduce k = 2: 8 B <= %g us, "
+                 "%s <= %g of the floor)" % ("device 0" if a.mode == "gpu" else "the simulated runtime",
+                                             size_text(big), TARGETS["time_8B_us"], size_text(big),
+                                             TARGETS["floor_fraction"]))
+    lines.append("  %-11s %-15s %9s %12s %11s %8s %9s %5s %7s %s" % (
+        "ranks", "collective", "8 B (us)", size_text(big) + " (us)", "floor (us)", "/floor", "busbw", "rows",
+        "#wrong", "status"))
 
-    for r in perf:
-        t8 = r.get("time_8B_us")
-        lines.append("  %-15s %-9s %9s %21s %21s %5s %7s %-7s %s" % (
-            r["collective"], r["path"], "%.1f" % t8 if t8 is not None else "-", bw(r, big[0]), bw(r, big[1]),
-            r.get("rows", "-"), r.get("wrong", "-"), r.get("device_path", "-"),
-            "ok" if r["ok"] else "; ".join(r["problems"])))
+    def num(v, f):
+        return f % v if v is not None else "-"
+
+    for r in rows:
+        lines.append("  %-11s %-15s %9s %12s %11s %8s %9s %5s %7s %s" % (
+            "%s %d" % (r["ranks"], r["k"]), r["collective"], num(r["time_8B_us"], "%.1f"), num(r["time_big_us"], "%.1f"),
+            num(r["floor_us"], "%.1f"), num(r["floor_fraction"], "%.2f"), num(r["busbw_big"], "%.2f"), r["rows"],
+            r["wrong"], "ok" if r["ok"] else "; ".join(r["problems"])))
         if not r["ok"]:
-            s["problems"].append("perf %s over %s: %s" % (r["collective"], r["path"], "; ".join(r["problems"])))
-        if limit:
-            r["busbw_fraction"] = {k: (v / limit if v is not None else None) for k, v in r.get("busbw", {}).items()}
+            s["problems"].append("kernel %s %d %s: %s" % (r["ranks"], r["k"], r["collective"], "; ".join(r["problems"])))
+    if a.mode == "gpu":
+        t = next((r for r in rows if r["ranks"] == "threads" and r["k"] == 2 and r["collective"] == "all_reduce"), None)
+        met = t is not None and t["time_8B_us"] is not None and t["floor_fraction"] is not None and \
+            t["time_8B_us"] <= TARGETS["time_8B_us"] and t["floor_fraction"] <= TARGETS["floor_fraction"]
+        s["targets_met"] = met
+        lines.append("targets (threads, all_reduce, k = 2): %s" % ("met" if met else "NOT met"))
+
+    # The staged path, for comparison.
+    shm, by = perf_run(a.steps, steps, "perf_all_reduce_shm", EXPECTED_PATH["shm"], [8] + sweep_sizes(max_bytes)[1:])
+    s["staged"] = shm
+    lines.append("staged path (all_reduce over shm, 2 processes): 8 B %s us, %s busbw %s GB/s, #wrong %s, %s" % (
+        num(by[8]["out_of_place"]["time"] if 8 in by else None, "%.1f"), size_text(big),
+        num(by[big]["out_of_place"]["bus_bw"] if big in by else None, "%.2f"), shm.get("wrong", "-"),
+        "ok" if not shm["problems"] else "; ".join(shm["problems"])))
+    if shm["problems"]:
+        s["problems"].append("staged all_reduce over shm: " + "; ".join(shm["problems"]))
     return finish("FAIL" if s["problems"] else "PASS")
 
 
