@@ -134,7 +134,8 @@ for m in threads processes; do
 done
 
 # 5. The collective kernel, ranks as threads on device 0 (k = 2, 4, 8) and as processes (k = 2, over
-# cuda_ipc): per row, 8 B over 1000 calls on each rank's stream, then a sweep from 16 B by 4 to
+# cuda_ipc): per row, 8 B (a rank's: all_gather and reduce_scatter's rows count k blocks) over
+# 1000 calls on each rank's stream, then a sweep from 16 B by 4 to
 # the largest size (256 MiB and 1 GiB among them; --sim: 256 KiB). Then the staged path (shm) for
 # comparison. CHORUS_DEBUG=INFO makes each rank say which device path its communicator took.
 if ((sim)); then
@@ -149,7 +150,9 @@ for config in threads:2 threads:4 threads:8 processes:2; do
   [[ $kind == processes ]] && transport=cuda_ipc
   for coll in all_reduce reduce_scatter all_gather broadcast; do
     name=kernel_${kind}${k}_${coll}
-    step "${name}_8B" 60 env CHORUS_DEBUG=INFO "$bin/chorus_perf" "${coll}_perf" -b 8 -e 8 -n 1000 -w 20 -g 1 \
+    small=8  # bytes a rank sends: all_gather's and reduce_scatter's sizes count every rank's block
+    [[ $coll == all_gather || $coll == reduce_scatter ]] && small=$((8 * k))
+    step "${name}_8B" 60 env CHORUS_DEBUG=INFO "$bin/chorus_perf" "${coll}_perf" -b "$small" -e "$small" -n 1000 -w 20 -g 1 \
       --device "$device" --nranks "$k" --transport "$transport" -J "$steps/${name}_8B.json"
     step "${name}_sweep" 120 env CHORUS_DEBUG=INFO "$bin/chorus_perf" "${coll}_perf" -b 16 -e "$max" -f 4 -n "$iters" \
       -w "$warm" -g 1 --device "$device" --nranks "$k" --transport "$transport" -J "$steps/${name}_sweep.json"
