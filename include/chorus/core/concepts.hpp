@@ -56,10 +56,10 @@
 /// |                             |                               | tag claims it (claim_source) and  |
 /// |                             |                               | fills bytes; returns its engine's |
 /// |                             |                               | weak_ptr<Driver> (empty: none)    |
-/// | LinkInProcess<L>            | l.same_process(), l.broken()  | bool: the peer is a thread of     |
-/// |                             |                               | this process (device pointers     |
+/// | LinkInProcess<L>            | l.same_process(), l.broken(), | bool: the peer is a thread of     |
+/// |                             | l.failure()                   | this process (device pointers     |
 /// |                             |                               | pass as they are); bool: the link |
-/// |                             |                               | has failed                        |
+/// |                             |                               | has failed; (code, text): why     |
 /// | TransportWithPeerModels<T>  | t.link_model(peer)            | the TransportModel of the link    |
 /// |                             |                               | that serves the peer (hybrid)     |
 /// | TransportWithMemoryBytes<T> | t.memory_bytes()              | bytes the transport holds         |
@@ -70,6 +70,7 @@
 #include <utility>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -123,6 +124,7 @@ template <class L>
 concept LinkInProcess = requires(L& l) {
   { l.same_process() } -> std::convertible_to<bool>;
   { l.broken() } -> std::convertible_to<bool>;
+  { l.failure() } -> std::convertible_to<std::pair<ErrorCode, std::string>>;
 };
 
 template <class L>

@@ -284,6 +284,8 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     st.recorder->started(desc, choice.algorithm);
     auto fail = [&](const Error& e) {
       ticket.release(false);
+      // The peers' collective kernels that wait for this rank give up (its area's abort word).
+      if (st.kernels) st.kernels->abort_kernels();
       // The communicator runs nothing more: unmap the peers' windows now (after the release:
       // unmapping waits for the streams, the user's among them).
       if (direct) st.close_windows();

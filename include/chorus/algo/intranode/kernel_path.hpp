@@ -64,17 +64,17 @@ bool peers_in_process(const Group<T>& g) {
   }
 }
 
-/// Whether the link to group rank p has failed (false where the link cannot say).
+/// Whether the link to group rank p has failed, and with what (nothing where it has not, or where
+/// the link cannot say).
 template <Transport T>
-bool link_broken(Group<T>& g, int p) {
+std::optional<ErrorCode> link_failure(Group<T>& g, int p) {
   auto& l = g.transport->link(g.members[static_cast<std::size_t>(p)]);
   if constexpr (LinkInProcess<LinkOf<T>>) {
-    return l.broken();
+    if (l.broken()) return l.failure().first;
   } else if constexpr (LinkWithMailboxes<LinkOf<T>>) {
-    return l.shm_link() != nullptr && l.shm_link()->broken();
-  } else {
-    return false;
+    if (l.shm_link() != nullptr && l.shm_link()->broken()) return l.shm_link()->failure().first;
   }
+  return std::nullopt;
 }
 
 namespace kernel_detail {
@@ -215,6 +215,8 @@ class KernelPath final : public chorus::detail::Driver, public std::enable_share
   std::vector<device::Event> spare_;
   std::optional<Error> failure_;
   std::atomic<int> broken_peer_{-1};  ///< a peer whose link broke while kernels ran (watch_links)
+  std::atomic<Clock::rep> broken_seen_{0};   ///< when watch_links first saw a broken link (0: never)
+  static constexpr std::chrono::milliseconds kLinkGrace{1000};
 };
 
 }  // namespace chorus::algo

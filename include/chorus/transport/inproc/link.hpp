@@ -141,6 +141,14 @@ class Link {
     std::lock_guard lk(out_->mu);
     return out_->broken;
   }
+  /// Why it broke (broken()): the code the failure or abort carried, and its text.
+  std::pair<ErrorCode, std::string> failure() const {
+    for (detail::Mailbox* b : {in_, out_}) {
+      std::lock_guard lk(b->mu);
+      if (b->broken) return {b->broken_code, b->broken_reason};
+    }
+    return {ErrorCode::peer_failure, "not broken"};
+  }
 
   Request isend(ConstBytes data, Tag tag) {
     auto req = make_request("send", tag, data.size);

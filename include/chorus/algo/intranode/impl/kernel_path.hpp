@@ -270,12 +270,24 @@ bool KernelPath<T>::reap() {
 template <Transport T>
 void KernelPath<T>::watch_links() {
   if (broken_peer_.load() >= 0) return;
-  for (int q = 0; q < g_.size(); ++q)
-    if (q != g_.rank && link_broken(g_, q)) {
-      int none = -1;
-      if (broken_peer_.compare_exchange_strong(none, q)) abort_kernels();
-      return;
-    }
+  for (int q = 0; q < g_.size(); ++q) {
+    if (q == g_.rank) continue;
+    const auto code = link_failure(g_, q);
+    // A peer that found a mismatch published its descriptor and set its area's abort word before
+    // it aborted: the kernels find the mismatch (or the abort) themselves, and every rank reports
+    // the mismatch, as the host path's herald makes them.
+    if (!code || *code == ErrorCode::mismatch) continue;
+    // A peer that died or failed otherwise may never set it: the kernels give up, kLinkGrace after
+    // the link was seen broken (a kernel about to find a mismatch of that peer's, which then exited,
+    // finds it first).
+    const auto now = Clock::now().time_since_epoch().count();
+    auto seen = broken_seen_.load();
+    if (seen == 0 && broken_seen_.compare_exchange_strong(seen, now)) seen = now;
+    if (Clock::duration(now - seen) < kLinkGrace) return;
+    int none = -1;
+    if (broken_peer_.compare_exchange_strong(none, q)) abort_kernels();
+    return;
+  }
 }
 
 template <Transport T>
