@@ -22,6 +22,7 @@
 /// results paired with the wrong calls where the calls look alike). Point-to-point calls need
 /// no order. abort() may come from any thread at any time.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -83,6 +84,27 @@ struct MemoryStats {
 /// The color of a rank that joins no group in Communicator::split (NCCL_SPLIT_NOCOLOR,
 /// MPI_UNDEFINED): it takes part in the call and gets back a communicator that is not valid().
 inline constexpr int kSplitNoColor = -1;
+
+/// The collectives a Call can name (algo::CollectiveKind; `split` is not one).
+using CallKind = algo::CollectiveKind;
+
+/// One collective as plain data (chorus/call.hpp): what Communicator::start issues. What a kind
+/// reads: broadcast uses `out` only (in place); barrier nothing; `op` applies to all_reduce, reduce
+/// and reduce_scatter, `root` to broadcast, reduce, gather and scatter (elsewhere both are
+/// ignored). `count` is in elements per rank as the pointer-form methods count it.
+struct Call {
+  CallKind kind = CallKind::barrier;
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::size_t count = 0;
+  DataType dtype = DataType::uint8;
+  ReduceOp op = ReduceOp::sum;
+  int root = -1;
+};
+
+/// How Communicator::start issues a call: `blocking` returns when this rank's part is done (on
+/// the calling thread when nothing is queued before it); `async` returns a Request at once.
+enum class CallMode { blocking, async };
 
 template <class T>
 class Communicator {
@@ -172,8 +194,8 @@ class Communicator {
   Request irecv_any_bytes(MutableBytes data, int tag);
 
   /// Returns when every rank has entered the barrier.
-  void barrier();
-  Request barrier_async();
+  void barrier() { start({.kind = CallKind::barrier}, CallMode::blocking); }
+  Request barrier_async() { return start({.kind = CallKind::barrier}, CallMode::async); }
 
   // ---- Collectives ----------------------------------------------------------------------------
   // Every rank calls the same collectives in the same order with matching sizes, dtypes, ops and
@@ -184,92 +206,87 @@ class Communicator {
 
   /// out[i] = op over ranks of in[i]; in place with one range.
   template <WritableElementRange R>
-  void all_reduce(R&& inout, ReduceOp op) { all_reduce_start(inout, inout, op, false).wait(); }
+  void all_reduce(R&& inout, ReduceOp op) { start(all_reduce_call(inout, inout, op), CallMode::blocking); }
   template <ElementRange In, WritableElementRange Out>
-  void all_reduce(const In& in, Out&& out, ReduceOp op) { all_reduce_start(in, out, op, false).wait(); }
+  void all_reduce(const In& in, Out&& out, ReduceOp op) { start(all_reduce_call(in, out, op), CallMode::blocking); }
   template <WritableElementRange R>
-  Request all_reduce_async(R&& inout, ReduceOp op) { return all_reduce_start(inout, inout, op, true); }
+  Request all_reduce_async(R&& inout, ReduceOp op) { return start(all_reduce_call(inout, inout, op), CallMode::async); }
   template <ElementRange In, WritableElementRange Out>
-  Request all_reduce_async(const In& in, Out&& out, ReduceOp op) { return all_reduce_start(in, out, op, true); }
+  Request all_reduce_async(const In& in, Out&& out, ReduceOp op) { return start(all_reduce_call(in, out, op), CallMode::async); }
 
   /// root's buf goes to every rank's buf.
   template <WritableElementRange R>
-  void broadcast(R&& buf, int root) { broadcast_start(buf, root, false).wait(); }
+  void broadcast(R&& buf, int root) { start(broadcast_call(buf, root), CallMode::blocking); }
   template <WritableElementRange R>
-  Request broadcast_async(R&& buf, int root) { return broadcast_start(buf, root, true); }
+  Request broadcast_async(R&& buf, int root) { return start(broadcast_call(buf, root), CallMode::async); }
 
   /// root's out = op over ranks of in; out is used on the root only (may be empty elsewhere).
   template <ElementRange In, WritableElementRange Out>
-  void reduce(const In& in, Out&& out, ReduceOp op, int root) { reduce_start(in, out, op, root, false).wait(); }
+  void reduce(const In& in, Out&& out, ReduceOp op, int root) { start(reduce_call(in, out, op, root), CallMode::blocking); }
   template <ElementRange In, WritableElementRange Out>
-  Request reduce_async(const In& in, Out&& out, ReduceOp op, int root) { return reduce_start(in, out, op, root, true); }
+  Request reduce_async(const In& in, Out&& out, ReduceOp op, int root) { return start(reduce_call(in, out, op, root), CallMode::async); }
 
   /// Block p of root's in (size() blocks of out.size()) goes to rank p's out.
   template <ElementRange In, WritableElementRange Out>
-  void scatter(const In& in, Out&& out, int root) { scatter_start(in, out, root, false).wait(); }
+  void scatter(const In& in, Out&& out, int root) { start(scatter_call(in, out, root), CallMode::blocking); }
   template <ElementRange In, WritableElementRange Out>
-  Request scatter_async(const In& in, Out&& out, int root) { return scatter_start(in, out, root, true); }
+  Request scatter_async(const In& in, Out&& out, int root) { return start(scatter_call(in, out, root), CallMode::async); }
 
   /// Every rank's in goes to block r of root's out (size() blocks of in.size()).
   template <ElementRange In, WritableElementRange Out>
-  void gather(const In& in, Out&& out, int root) { gather_start(in, out, root, false).wait(); }
+  void gather(const In& in, Out&& out, int root) { start(gather_call(in, out, root), CallMode::blocking); }
   template <ElementRange In, WritableElementRange Out>
-  Request gather_async(const In& in, Out&& out, int root) { return gather_start(in, out, root, true); }
+  Request gather_async(const In& in, Out&& out, int root) { return start(gather_call(in, out, root), CallMode::async); }
 
   /// Every rank's in goes to block r of every rank's out (size() blocks of in.size()).
   template <ElementRange In, WritableElementRange Out>
-  void all_gather(const In& in, Out&& out) { all_gather_start(in, out, false).wait(); }
+  void all_gather(const In& in, Out&& out) { start(all_gather_call(in, out), CallMode::blocking); }
   template <ElementRange In, WritableElementRange Out>
-  Request all_gather_async(const In& in, Out&& out) { return all_gather_start(in, out, true); }
+  Request all_gather_async(const In& in, Out&& out) { return start(all_gather_call(in, out), CallMode::async); }
 
   /// out (in.size() / size() elements) = op over ranks of block r of in.
   template <ElementRange In, WritableElementRange Out>
-  void reduce_scatter(const In& in, Out&& out, ReduceOp op) { reduce_scatter_start(in, out, op, false).wait(); }
+  void reduce_scatter(const In& in, Out&& out, ReduceOp op) { start(reduce_scatter_call(in, out, op), CallMode::blocking); }
   template <ElementRange In, WritableElementRange Out>
-  Request reduce_scatter_async(const In& in, Out&& out, ReduceOp op) { return reduce_scatter_start(in, out, op, true); }
+  Request reduce_scatter_async(const In& in, Out&& out, ReduceOp op) { return start(reduce_scatter_call(in, out, op), CallMode::async); }
 
   /// Block p of in (size() equal blocks) goes to rank p, arriving as block r of its out.
   template <ElementRange In, WritableElementRange Out>
-  void all_to_all(const In& in, Out&& out) { all_to_all_start(in, out, false).wait(); }
+  void all_to_all(const In& in, Out&& out) { start(all_to_all_call(in, out), CallMode::blocking); }
   template <ElementRange In, WritableElementRange Out>
-  Request all_to_all_async(const In& in, Out&& out) { return all_to_all_start(in, out, true); }
+  Request all_to_all_async(const In& in, Out&& out) { return start(all_to_all_call(in, out), CallMode::async); }
+
+  /// The one entry of every collective above and below: `call` issued as `mode` says (blocking
+  /// returns a completed Request), or, with a `stream`, ordered on it as the stream forms below
+  /// are (they pass CallMode::async: start returns at once; blocking also waits for the Request).
+  /// The fields `call`'s kind does not read are ignored (Call); a kind that is not a collective
+  /// (split, or a value outside the enumeration) is invalid_argument naming the rank and
+  /// "run(Call)" (blocking) or "start(Call)". chorus::run and chorus::start (chorus/call.hpp)
+  /// take a communicator and a Call the same way.
+  ///
+  ///   comm.start({.kind = chorus::CallKind::barrier}, chorus::CallMode::blocking);
+  Request start(const Call& call, CallMode mode, std::optional<device::Stream> stream = std::nullopt);
 
   // Type-erased forms, for callers that hold raw buffers. `count` is elements per rank as above:
   // all_reduce, broadcast, reduce: the buffer; scatter: out; gather, all_gather: in;
   // reduce_scatter: out; all_to_all: one block.
-  Request all_reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op);
-  Request broadcast_async(void* buf, std::size_t count, DataType dt, int root);
-  Request reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root);
-  Request scatter_async(const void* in, void* out, std::size_t count, DataType dt, int root);
-  Request gather_async(const void* in, void* out, std::size_t count, DataType dt, int root);
-  Request all_gather_async(const void* in, void* out, std::size_t count, DataType dt);
-  Request reduce_scatter_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op);
-  Request all_to_all_async(const void* in, void* out, std::size_t count, DataType dt);
+  Request all_reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) { return start({CallKind::all_reduce, in, out, count, dt, op}, CallMode::async); }
+  Request broadcast_async(void* buf, std::size_t count, DataType dt, int root) { return start({CallKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root}, CallMode::async); }
+  Request reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root) { return start({CallKind::reduce, in, out, count, dt, op, root}, CallMode::async); }
+  Request scatter_async(const void* in, void* out, std::size_t count, DataType dt, int root) { return start({CallKind::scatter, in, out, count, dt, ReduceOp::sum, root}, CallMode::async); }
+  Request gather_async(const void* in, void* out, std::size_t count, DataType dt, int root) { return start({CallKind::gather, in, out, count, dt, ReduceOp::sum, root}, CallMode::async); }
+  Request all_gather_async(const void* in, void* out, std::size_t count, DataType dt) { return start({CallKind::all_gather, in, out, count, dt}, CallMode::async); }
+  Request reduce_scatter_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) { return start({CallKind::reduce_scatter, in, out, count, dt, op}, CallMode::async); }
+  Request all_to_all_async(const void* in, void* out, std::size_t count, DataType dt) { return start({CallKind::all_to_all, in, out, count, dt}, CallMode::async); }
   // ... and blocking (run on the calling thread when nothing is queued before them).
-  void all_reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
-    start(algo::CollectiveKind::all_reduce, in, out, count, dt, op, -1, false).wait();
-  }
-  void broadcast(void* buf, std::size_t count, DataType dt, int root) {
-    start(algo::CollectiveKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root, false).wait();
-  }
-  void reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root) {
-    start(algo::CollectiveKind::reduce, in, out, count, dt, op, root, false).wait();
-  }
-  void scatter(const void* in, void* out, std::size_t count, DataType dt, int root) {
-    start(algo::CollectiveKind::scatter, in, out, count, dt, ReduceOp::sum, root, false).wait();
-  }
-  void gather(const void* in, void* out, std::size_t count, DataType dt, int root) {
-    start(algo::CollectiveKind::gather, in, out, count, dt, ReduceOp::sum, root, false).wait();
-  }
-  void all_gather(const void* in, void* out, std::size_t count, DataType dt) {
-    start(algo::CollectiveKind::all_gather, in, out, count, dt, ReduceOp::sum, -1, false).wait();
-  }
-  void reduce_scatter(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
-    start(algo::CollectiveKind::reduce_scatter, in, out, count, dt, op, -1, false).wait();
-  }
-  void all_to_all(const void* in, void* out, std::size_t count, DataType dt) {
-    start(algo::CollectiveKind::all_to_all, in, out, count, dt, ReduceOp::sum, -1, false).wait();
-  }
+  void all_reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) { start({CallKind::all_reduce, in, out, count, dt, op}, CallMode::blocking); }
+  void broadcast(void* buf, std::size_t count, DataType dt, int root) { start({CallKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root}, CallMode::blocking); }
+  void reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root) { start({CallKind::reduce, in, out, count, dt, op, root}, CallMode::blocking); }
+  void scatter(const void* in, void* out, std::size_t count, DataType dt, int root) { start({CallKind::scatter, in, out, count, dt, ReduceOp::sum, root}, CallMode::blocking); }
+  void gather(const void* in, void* out, std::size_t count, DataType dt, int root) { start({CallKind::gather, in, out, count, dt, ReduceOp::sum, root}, CallMode::blocking); }
+  void all_gather(const void* in, void* out, std::size_t count, DataType dt) { start({CallKind::all_gather, in, out, count, dt}, CallMode::blocking); }
+  void reduce_scatter(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) { start({CallKind::reduce_scatter, in, out, count, dt, op}, CallMode::blocking); }
+  void all_to_all(const void* in, void* out, std::size_t count, DataType dt) { start({CallKind::all_to_all, in, out, count, dt}, CallMode::blocking); }
 
   // ---- Device buffers on a stream (NCCL style) -------------------------------------------------
   // The same collectives on device memory, ordered on a CUDA stream: each call enqueues on
@@ -279,47 +296,31 @@ class Communicator {
   // ncclCommGetAsyncError), and aborts the communicator. Both buffers must be in device memory
   // (device_runtime()->kind_of, i.e. cudaPointerGetAttributes); host buffers take the calls above.
   // Device buffers given to the calls above (no stream) run on the default stream and block.
-  Request all_reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, device::Stream stream) {
-    return start(algo::CollectiveKind::all_reduce, in, out, count, dt, op, -1, true, &stream);
-  }
-  Request broadcast(void* buf, std::size_t count, DataType dt, int root, device::Stream stream) {
-    return start(algo::CollectiveKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root, true, &stream);
-  }
-  Request reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root, device::Stream stream) {
-    return start(algo::CollectiveKind::reduce, in, out, count, dt, op, root, true, &stream);
-  }
-  Request scatter(const void* in, void* out, std::size_t count, DataType dt, int root, device::Stream stream) {
-    return start(algo::CollectiveKind::scatter, in, out, count, dt, ReduceOp::sum, root, true, &stream);
-  }
-  Request gather(const void* in, void* out, std::size_t count, DataType dt, int root, device::Stream stream) {
-    return start(algo::CollectiveKind::gather, in, out, count, dt, ReduceOp::sum, root, true, &stream);
-  }
-  Request all_gather(const void* in, void* out, std::size_t count, DataType dt, device::Stream stream) {
-    return start(algo::CollectiveKind::all_gather, in, out, count, dt, ReduceOp::sum, -1, true, &stream);
-  }
-  Request reduce_scatter(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, device::Stream stream) {
-    return start(algo::CollectiveKind::reduce_scatter, in, out, count, dt, op, -1, true, &stream);
-  }
-  Request all_to_all(const void* in, void* out, std::size_t count, DataType dt, device::Stream stream) {
-    return start(algo::CollectiveKind::all_to_all, in, out, count, dt, ReduceOp::sum, -1, true, &stream);
-  }
+  Request all_reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, device::Stream stream) { return start({CallKind::all_reduce, in, out, count, dt, op}, CallMode::async, stream); }
+  Request broadcast(void* buf, std::size_t count, DataType dt, int root, device::Stream stream) { return start({CallKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root}, CallMode::async, stream); }
+  Request reduce(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root, device::Stream stream) { return start({CallKind::reduce, in, out, count, dt, op, root}, CallMode::async, stream); }
+  Request scatter(const void* in, void* out, std::size_t count, DataType dt, int root, device::Stream stream) { return start({CallKind::scatter, in, out, count, dt, ReduceOp::sum, root}, CallMode::async, stream); }
+  Request gather(const void* in, void* out, std::size_t count, DataType dt, int root, device::Stream stream) { return start({CallKind::gather, in, out, count, dt, ReduceOp::sum, root}, CallMode::async, stream); }
+  Request all_gather(const void* in, void* out, std::size_t count, DataType dt, device::Stream stream) { return start({CallKind::all_gather, in, out, count, dt}, CallMode::async, stream); }
+  Request reduce_scatter(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, device::Stream stream) { return start({CallKind::reduce_scatter, in, out, count, dt, op}, CallMode::async, stream); }
+  Request all_to_all(const void* in, void* out, std::size_t count, DataType dt, device::Stream stream) { return start({CallKind::all_to_all, in, out, count, dt}, CallMode::async, stream); }
   /// Typed forms (std::span over device memory, ...), with the size checks of the host forms.
   template <ElementRange In, WritableElementRange Out>
-  Request all_reduce(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return all_reduce_start(in, out, op, true, &stream); }
+  Request all_reduce(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return start(all_reduce_call(in, out, op), CallMode::async, stream); }
   template <WritableElementRange R>
-  Request broadcast(R&& buf, int root, device::Stream stream) { return broadcast_start(buf, root, true, &stream); }
+  Request broadcast(R&& buf, int root, device::Stream stream) { return start(broadcast_call(buf, root), CallMode::async, stream); }
   template <ElementRange In, WritableElementRange Out>
-  Request reduce(const In& in, Out&& out, ReduceOp op, int root, device::Stream stream) { return reduce_start(in, out, op, root, true, &stream); }
+  Request reduce(const In& in, Out&& out, ReduceOp op, int root, device::Stream stream) { return start(reduce_call(in, out, op, root), CallMode::async, stream); }
   template <ElementRange In, WritableElementRange Out>
-  Request scatter(const In& in, Out&& out, int root, device::Stream stream) { return scatter_start(in, out, root, true, &stream); }
+  Request scatter(const In& in, Out&& out, int root, device::Stream stream) { return start(scatter_call(in, out, root), CallMode::async, stream); }
   template <ElementRange In, WritableElementRange Out>
-  Request gather(const In& in, Out&& out, int root, device::Stream stream) { return gather_start(in, out, root, true, &stream); }
+  Request gather(const In& in, Out&& out, int root, device::Stream stream) { return start(gather_call(in, out, root), CallMode::async, stream); }
   template <ElementRange In, WritableElementRange Out>
-  Request all_gather(const In& in, Out&& out, device::Stream stream) { return all_gather_start(in, out, true, &stream); }
+  Request all_gather(const In& in, Out&& out, device::Stream stream) { return start(all_gather_call(in, out), CallMode::async, stream); }
   template <ElementRange In, WritableElementRange Out>
-  Request reduce_scatter(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return reduce_scatter_start(in, out, op, true, &stream); }
+  Request reduce_scatter(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return start(reduce_scatter_call(in, out, op), CallMode::async, stream); }
   template <ElementRange In, WritableElementRange Out>
-  Request all_to_all(const In& in, Out&& out, device::Stream stream) { return all_to_all_start(in, out, true, &stream); }
+  Request all_to_all(const In& in, Out&& out, device::Stream stream) { return start(all_to_all_call(in, out), CallMode::async, stream); }
 
   /// The runtime that tells device memory from host memory and runs the device data path: the
   /// process default (device::default_runtime()) at creation; null when there is none (every
@@ -421,11 +422,10 @@ class Communicator {
   template <class R>
   static std::size_t count_of(const R& r) { return std::ranges::size(r); }
   void same_size(std::size_t a, std::size_t b, const char* what) const;
-  /// Validates and runs one collective: async on the worker, or blocking (inline when idle).
-  /// `stream`: null for a call of the host API (host buffers, or device buffers on the default
-  /// stream, blocking), else the stream a call on device buffers is ordered on.
-  Request start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt, ReduceOp op,
-                int root, bool async, const device::Stream* stream = nullptr);
+  /// Runs a checked Call (Communicator::start): validates, then queues it, or runs it (inline when
+  /// blocking and idle). `stream`: null for a call of the host API (host buffers, or device buffers
+  /// on the default stream, blocking), else the stream a call on device buffers is ordered on.
+  Request issue(const Call& call, bool async, const device::Stream* stream);
   Request collective(algo::CollectiveDesc desc, algo::Args args, bool async,
                      exec::TicketRef ticket = {});
   /// A call on device buffers that the collective kernel takes (impl/kernel_call.hpp): launched
@@ -434,47 +434,48 @@ class Communicator {
                       bool async);
   void abort_with(const Error& why);
 
+  // The Call of each typed form, after its size checks.
   template <class In, class Out>
-  Request all_reduce_start(const In& in, Out&& out, ReduceOp op, bool async, const device::Stream* stream = nullptr) {
+  Call all_reduce_call(const In& in, Out&& out, ReduceOp op) const {
     same_size(count_of(in), count_of(out), "all_reduce: in and out");
-    return start(algo::CollectiveKind::all_reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, -1, async, stream);
+    return {CallKind::all_reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op};
   }
   template <class R>
-  Request broadcast_start(R&& buf, int root, bool async, const device::Stream* stream = nullptr) {
-    return start(algo::CollectiveKind::broadcast, std::ranges::data(buf), std::ranges::data(buf), count_of(buf), dtype_of<R>(), ReduceOp::sum, root, async, stream);
+  Call broadcast_call(R&& buf, int root) const {
+    return {CallKind::broadcast, std::ranges::data(buf), std::ranges::data(buf), count_of(buf), dtype_of<R>(), ReduceOp::sum, root};
   }
   template <class In, class Out>
-  Request reduce_start(const In& in, Out&& out, ReduceOp op, int root, bool async, const device::Stream* stream = nullptr) {
+  Call reduce_call(const In& in, Out&& out, ReduceOp op, int root) const {
     if (rank() == root) same_size(count_of(in), count_of(out), "reduce: in and out (root)");
-    return start(algo::CollectiveKind::reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, root, async, stream);
+    return {CallKind::reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, root};
   }
   template <class In, class Out>
-  Request scatter_start(const In& in, Out&& out, int root, bool async, const device::Stream* stream = nullptr) {
+  Call scatter_call(const In& in, Out&& out, int root) const {
     if (rank() == root) same_size(count_of(in), count_of(out) * size(), "scatter: in (root) and size() x out");
-    return start(algo::CollectiveKind::scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), ReduceOp::sum, root, async, stream);
+    return {CallKind::scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), ReduceOp::sum, root};
   }
   template <class In, class Out>
-  Request gather_start(const In& in, Out&& out, int root, bool async, const device::Stream* stream = nullptr) {
+  Call gather_call(const In& in, Out&& out, int root) const {
     if (rank() == root) same_size(count_of(out), count_of(in) * size(), "gather: out (root) and size() x in");
-    return start(algo::CollectiveKind::gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, root, async, stream);
+    return {CallKind::gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, root};
   }
   template <class In, class Out>
-  Request all_gather_start(const In& in, Out&& out, bool async, const device::Stream* stream = nullptr) {
+  Call all_gather_call(const In& in, Out&& out) const {
     same_size(count_of(out), count_of(in) * size(), "all_gather: out and size() x in");
-    return start(algo::CollectiveKind::all_gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, -1, async, stream);
+    return {CallKind::all_gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>()};
   }
   template <class In, class Out>
-  Request reduce_scatter_start(const In& in, Out&& out, ReduceOp op, bool async, const device::Stream* stream = nullptr) {
+  Call reduce_scatter_call(const In& in, Out&& out, ReduceOp op) const {
     same_size(count_of(in), count_of(out) * size(), "reduce_scatter: in and size() x out");
-    return start(algo::CollectiveKind::reduce_scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), op, -1, async, stream);
+    return {CallKind::reduce_scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), op};
   }
   template <class In, class Out>
-  Request all_to_all_start(const In& in, Out&& out, bool async, const device::Stream* stream = nullptr) {
+  Call all_to_all_call(const In& in, Out&& out) const {
     same_size(count_of(in), count_of(out), "all_to_all: in and out");
     if (count_of(in) % size() != 0)
       throw Error(ErrorCode::invalid_argument, ErrorContext{rank(), -1, "all_to_all"},
                   "in has " + std::to_string(count_of(in)) + " elements, not a multiple of size() " + std::to_string(size()));
-    return start(algo::CollectiveKind::all_to_all, std::ranges::data(in), std::ranges::data(out), count_of(in) / size(), dtype_of<In>(), ReduceOp::sum, -1, async, stream);
+    return {CallKind::all_to_all, std::ranges::data(in), std::ranges::data(out), count_of(in) / size(), dtype_of<In>()};
   }
   std::unique_ptr<State> s_;
 };

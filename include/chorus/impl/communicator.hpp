@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 // Bodies of Communicator<Transport>; included at the bottom of communicator.hpp. A collective
-// goes down one stack: start() (memory kind, device executor) -> collective(): validate
-// (algo/validate.hpp) -> plan (algo/plan.hpp) -> queue (impl/call_queue.hpp) -> run
-// (algo/run.hpp, or the intranode paths) -> channel -> link. What explains a failure is in diag/;
+// goes down one stack: start() (the one entry: a Call) -> issue() (memory kind, device executor)
+// -> collective(): validate (algo/validate.hpp) -> plan (algo/plan.hpp) -> queue
+// (impl/call_queue.hpp) -> execute (algo/execute.hpp: the IPC windows, the shm mailboxes, or a
+// channel through algo/run.hpp) -> link. What explains a failure is in diag/;
 // the communicator's state in impl/state.hpp, split() in impl/split.hpp, shrink() in impl/shrink.hpp.
 
 #include <algorithm>
@@ -23,7 +24,7 @@
 
 #include "chorus/algo/channel.hpp"
 #include "chorus/algo/plan.hpp"
-#include "chorus/algo/run.hpp"
+#include "chorus/algo/execute.hpp"
 #include "chorus/algo/validate.hpp"
 #include "chorus/algo/intranode/ipc.hpp"
 #include "chorus/algo/intranode/kernel_path.hpp"
@@ -272,23 +273,22 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   const algo::Plan plan = algo::plan<T>(desc, bytes, is_device, st.plan_inputs,
                                         [&st] { return st.ipc_windows().slot_bytes(); }, st.internal_calls > 0);
   const algo::Choice choice = plan.choice;
-  const bool direct = plan.direct;
   args.slice_bytes = choice.slice_bytes;
   if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::coll))
     detail::log(detail::LogLevel::info, detail::LogSubsys::coll, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
                 choice.algorithm == algo::Algorithm::hierarchical ? (choice.latency ? " (latency form)" : " (bandwidth form)") : "",
                 ", slices of ", choice.slice_bytes, " bytes");
 
-  auto task = [&st, desc, args, choice, ticket, direct] {
+  auto task = [&st, desc, args, plan, ticket] {
     exec::Executor& x = *args.exec;
-    st.recorder->started(desc, choice.algorithm);
+    st.recorder->started(desc, plan.choice.algorithm);
     auto fail = [&](const Error& e) {
       ticket.release(false);
       // The peers' collective kernels that wait for this rank give up (its area's abort word).
       if (st.kernels) st.kernels->abort_kernels();
       // The communicator runs nothing more: unmap the peers' windows now (after the release:
       // unmapping waits for the streams, the user's among them).
-      if (direct) st.close_windows();
+      if (plan.direct) st.close_windows();
       // A failed call may leave messages in flight that still read or write the caller's
       // buffers (a peer pulls a large send from them), and peers waiting on this rank: abort
       // before the caller gets the buffers back, so nothing touches them after the throw and the
@@ -304,20 +304,9 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
     };
     try {
       if (ticket) st.device_exec->after(ticket.ready());
-      if (direct) {
-        if constexpr (LinkWithIpc<LinkOf<T>> && LinkWithMailboxes<LinkOf<T>>) {  // (else direct is false: has_ipc)
-          const auto on_stall = [&st](const algo::CollectiveDesc& d) { st.hang.stall(d); };
-          algo::IpcCollective run(st.group, desc, args, *st.windows.made(), *st.device_exec, st.boot.options.timeout, on_stall);
-          run.run(choice.algorithm);
-        }
-      } else if (choice.algorithm == algo::Algorithm::one_shot) {
-        algo::one_shot_all_reduce(st.group, desc, args, st.boot.options.timeout,
-                                  [&st](const algo::CollectiveDesc& d) { st.hang.stall(d); });
-      } else {
-        algo::Channel<T> ch(st.group, desc, st.channel_memory, x, [&st](const algo::CollectiveDesc& d) { st.hang.stall(d); });
-        algo::run(ch, desc, args, choice, st.group.size(), st.plan_inputs.hosts);
-        ch.finish();
-      }
+      const algo::Plumbing<T> plumbing{st.group, st.plan_inputs.hosts, st.channel_memory, st.windows.made(),
+                                       st.device_exec.get(), st.boot.options.timeout};
+      algo::execute(plan, desc, args, plumbing, [&st](const algo::CollectiveDesc& d) { st.hang.stall(d); });
     } catch (const Error& e) {
       (void)st.end_call(desc.seq, false, x);
       // Every mismatch is told to every rank here, and this rank's transport aborted: the one this
@@ -358,9 +347,35 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   return Request(req);
 }
 
+/// The one entry of every collective: the fields the kind does not read take the values the typed
+/// and pointer forms give them (so a Call issues exactly what its kind's method does), then issue().
 template <class T>
-Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* out, std::size_t count, DataType dt,
-                               ReduceOp op, int root, bool async, const device::Stream* stream) {
+Request Communicator<T>::start(const Call& call, CallMode mode, std::optional<device::Stream> stream) {
+  Call c = call;
+  switch (c.kind) {
+    case CallKind::barrier: c = Call{}; break;
+    case CallKind::broadcast: c.in = c.out; c.op = ReduceOp::sum; break;
+    case CallKind::reduce: break;
+    case CallKind::gather:
+    case CallKind::scatter: c.op = ReduceOp::sum; break;
+    case CallKind::all_reduce:
+    case CallKind::reduce_scatter: c.root = -1; break;
+    case CallKind::all_gather:
+    case CallKind::all_to_all: c.op = ReduceOp::sum; c.root = -1; break;
+    default:
+      throw Error(ErrorCode::invalid_argument,
+                  ErrorContext{rank(), -1, mode == CallMode::blocking ? "run(Call)" : "start(Call)"},
+                  "kind " + std::to_string(static_cast<unsigned>(c.kind)) +
+                      " is not a collective a Call can name (broadcast ... barrier; not split)");
+  }
+  Request r = issue(c, mode == CallMode::async, stream ? &*stream : nullptr);
+  if (mode == CallMode::blocking) r.wait();
+  return r;
+}
+
+template <class T>
+Request Communicator<T>::issue(const Call& call, bool async, const device::Stream* stream) {
+  const auto [kind, in, out, count, dt, op, root] = call;
   (void)live(algo::to_string(kind));
   detail::check_collective_args(kind, in, out, count, dt, op, root, rank(), size());
   algo::CollectiveDesc d;
@@ -402,48 +417,6 @@ Request Communicator<T>::start(algo::CollectiveKind kind, const void* in, void* 
   auto ticket = st.tickets->issue(stream ? *stream : nullptr, st.boot.options.timeout, returns_early);
   lk.unlock();
   return collective(d, a, returns_early, std::move(ticket));
-}
-
-template <class T>
-Request Communicator<T>::all_reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
-  return start(algo::CollectiveKind::all_reduce, in, out, count, dt, op, -1, true);
-}
-template <class T>
-Request Communicator<T>::broadcast_async(void* buf, std::size_t count, DataType dt, int root) {
-  return start(algo::CollectiveKind::broadcast, buf, buf, count, dt, ReduceOp::sum, root, true);
-}
-template <class T>
-Request Communicator<T>::reduce_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, int root) {
-  return start(algo::CollectiveKind::reduce, in, out, count, dt, op, root, true);
-}
-template <class T>
-Request Communicator<T>::scatter_async(const void* in, void* out, std::size_t count, DataType dt, int root) {
-  return start(algo::CollectiveKind::scatter, in, out, count, dt, ReduceOp::sum, root, true);
-}
-template <class T>
-Request Communicator<T>::gather_async(const void* in, void* out, std::size_t count, DataType dt, int root) {
-  return start(algo::CollectiveKind::gather, in, out, count, dt, ReduceOp::sum, root, true);
-}
-template <class T>
-Request Communicator<T>::all_gather_async(const void* in, void* out, std::size_t count, DataType dt) {
-  return start(algo::CollectiveKind::all_gather, in, out, count, dt, ReduceOp::sum, -1, true);
-}
-template <class T>
-Request Communicator<T>::reduce_scatter_async(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) {
-  return start(algo::CollectiveKind::reduce_scatter, in, out, count, dt, op, -1, true);
-}
-template <class T>
-Request Communicator<T>::all_to_all_async(const void* in, void* out, std::size_t count, DataType dt) {
-  return start(algo::CollectiveKind::all_to_all, in, out, count, dt, ReduceOp::sum, -1, true);
-}
-
-template <class T>
-void Communicator<T>::barrier() {
-  start(algo::CollectiveKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, -1, false).wait();
-}
-template <class T>
-Request Communicator<T>::barrier_async() {
-  return start(algo::CollectiveKind::barrier, nullptr, nullptr, 0, DataType::uint8, ReduceOp::sum, -1, true);
 }
 
 template <class T>
