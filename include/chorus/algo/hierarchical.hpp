@@ -26,6 +26,9 @@
 /// Results: every rank gets the same bits; reductions combine the same values in another order
 /// than the flat algorithms (as the flat algorithms do among themselves), so the results equal
 /// theirs bit for bit wherever the reduction is exact (integers; floats whose sums are exact).
+///
+/// The bandwidth forms run in pipelined segments: the engine (stages, the window of segments in
+/// flight, the work area) is algo/hierarchical_pipeline.hpp, included here.
 
 #include <algorithm>
 #include <memory>
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "chorus/algo/common.hpp"
+#include "chorus/algo/hierarchical_pipeline.hpp"
 #include "chorus/algo/ring.hpp"
 #include "chorus/algo/tree.hpp"
 #include "chorus/topology/hosts.hpp"
@@ -130,214 +134,31 @@ Place place(const Ch& ch, const topology::Hosts& hosts) {
   return {me, ch.size(), hosts.host_of(me), hosts.local_rank(me), hosts.local_size(me), hosts.host_count(), hosts.rails()};
 }
 
-/// The bandwidth forms run in segments, pipelined: each segment goes through its stages (host
-/// phase, rail phase across the hosts, host phase), every stage a set of messages in flight
-/// (Stage: a ring run step by step, or a list of messages), and up to kWindow segments are in
-/// flight at once, each stage on a lane of its own (lane 0 stays the other phases'). The calling
-/// thread polls every stage in flight (which drives their links: tcp and shm alike), so the
-/// rails carry one segment while the host phases of others run; after kSpins passes without
-/// progress it blocks on the oldest segment's stage (its waits spin, then sleep).
-///
-/// Segments are cut so that a rail's message per step is 64 KiB (a segment of R x H x 64 KiB: R
-/// rails, H hosts), small enough for the links' eager path (tcp sends up to 64 KiB without a
-/// request-to-send round trip, which a rank busy with its host phases would answer late). 2 hosts
-/// x 2 ranks, 1 Gbit/s links (scripts/hosts-bench), all_reduce of 64 MiB, medians of 3: segments
-/// of 128 KiB 565 ms, 256 KiB 566 ms, 512 KiB 606 ms, 1 MiB 604 ms, 4 MiB 660 ms (the link's
-/// limit: 537 ms); 4 x 2: 256 KiB 845 ms, 512 KiB 850 ms (limit 805 ms).
-struct Pipeline {
-  static constexpr std::size_t kRailMessageBytes = std::size_t(64) << 10;
-  static constexpr int kMaxSegments = 1024;
-  static constexpr int kWindow = 4;  ///< segments in flight
-  static constexpr int kStageLanes = 3;
-  static constexpr int kSpins = 16;
-  /// Segments for a buffer of `bytes` over `rails` rails of `hosts` hosts.
-  static int segments(std::size_t bytes, int rails, int hosts) {
-    const std::size_t segment = kRailMessageBytes * static_cast<std::size_t>(rails) * static_cast<std::size_t>(hosts);
-    return static_cast<int>(std::clamp<std::size_t>(bytes / segment, 1, kMaxSegments));
-  }
-  /// The lane of segment k's stage i.
-  static int lane(int k, int stage) { return 1 + (k % kWindow) * kStageLanes + stage; }
-};
-
-/// A stage of a segment: messages in flight.
-class Stage {
- public:
-  virtual ~Stage() = default;
-  /// Completes what has arrived, posts what follows; true once the stage is done.
-  virtual bool advance() = 0;
-  /// Blocks until one more step is done (or the stage).
-  virtual void step() = 0;
-};
-
-/// A ring over a sub-channel (reduce-scatter, all-gather or both: all-reduce) on `buf` cut by
-/// chunk offsets (`at`, one more than the ring's ranks), one message per step each way. `own`
-/// (a reduce-scatter's contribution, buf where null) is read for the chunks sent first and
-/// reduced with; received chunks land in `scratch` (the largest chunk) and are reduced into buf.
+/// The prologue of the block forms (reduce_scatter, all_gather): where this rank stands (Place),
+/// its host's members, the blocks' order, the sub-channels of its host and of its rail (a rail of
+/// no rank for local ranks >= R), and the K segments (a piece of every block each). Neither copied
+/// nor moved: the sub-channels see `local` and `rail`.
 template <class Ch>
-class AsyncRing final : public Stage {
- public:
-  enum class Kind { reduce_scatter, all_gather, all_reduce };
+struct HostLayout : Place {
+  HostLayout(Ch& ch, const Args& a, const topology::Hosts& hosts)
+      : Place(place(ch, hosts)),
+        local(hosts.members(h)),
+        bo(hosts),
+        rail(l < R ? hosts.rail(l) : std::vector<int>{}),
+        intra(ch, local, l),
+        rc(ch, rail, h),
+        K(Pipeline::segments(a.bytes(a.count) * static_cast<std::size_t>(P), R, H)),
+        seg{a.count, K} {}
+  HostLayout(const HostLayout&) = delete;
+  HostLayout& operator=(const HostLayout&) = delete;
 
-  AsyncRing(Ch& ch, const Args& a, std::byte* buf, std::vector<std::size_t> at, Kind kind, int lane, std::byte* scratch,
-            const std::byte* own = nullptr)
-      : ch_(ch), a_(a), buf_(buf), own_(own ? own : buf), at_(std::move(at)), lane_(lane), scratch_(scratch) {
-    const int n = ch.size();
-    rs_steps_ = kind == Kind::all_gather ? 0 : n - 1;
-    steps_ = rs_steps_ + (kind == Kind::reduce_scatter ? 0 : n - 1);
-    if (steps_ > 0) post();
-  }
-
-  bool advance() override {
-    while (step_ < steps_) {
-      if (!recv_.req.test() || !send_.req.test()) return false;
-      complete();
-    }
-    return true;
-  }
-  void step() override {
-    if (step_ < steps_) complete();
-  }
-
- private:
-  std::size_t begin(int i) const { return at_[static_cast<std::size_t>(i)]; }
-  std::size_t size(int i) const { return at_[static_cast<std::size_t>(i) + 1] - at_[static_cast<std::size_t>(i)]; }
-
-  void post() {
-    const int n = ch_.size(), r = ch_.rank();
-    const bool rs = step_ < rs_steps_;
-    const int k = rs ? step_ : step_ - rs_steps_;
-    const int send_c = rs ? topology::reduce_scatter_send_chunk(r, k, n) : topology::all_gather_send_chunk(r, k, n);
-    recv_c_ = rs ? topology::reduce_scatter_recv_chunk(r, k, n) : topology::all_gather_recv_chunk(r, k, n);
-    const std::byte* from = step_ == 0 ? own_ : buf_;
-    recv_ = ch_.irecv(topology::prev(r, n), mbytes(rs ? scratch_ : buf_ + a_.bytes(begin(recv_c_)), a_.bytes(size(recv_c_))),
-                      lane_);
-    send_ = ch_.isend(topology::next(r, n), cbytes(from + a_.bytes(begin(send_c)), a_.bytes(size(send_c))), lane_);
-  }
-  void complete() {
-    ch_.wait(recv_);
-    ch_.wait(send_);
-    if (step_ < rs_steps_) {
-      const std::size_t at = a_.bytes(begin(recv_c_));
-      a_.x().reduce(a_.op, a_.dtype, buf_ + at, own_ + at, scratch_, size(recv_c_));
-    }
-    if (++step_ < steps_) post();
-  }
-
-  Ch& ch_;
-  const Args& a_;
-  std::byte* buf_;
-  const std::byte* own_;
-  std::vector<std::size_t> at_;
-  int lane_;
-  std::byte* scratch_;
-  int rs_steps_ = 0, steps_ = 0, step_ = 0;
-  int recv_c_ = 0;
-  ChannelOp send_{}, recv_{};
+  std::span<const int> local;
+  BlockOrder bo;
+  std::vector<int> rail;
+  SubChannel<Ch> intra, rc;
+  int K;
+  EvenChunks seg;
 };
-
-/// Messages posted at once (a gather or a scatter inside a host); done when all are.
-template <class Ch>
-class AsyncOps final : public Stage {
- public:
-  explicit AsyncOps(Ch& ch) : ch_(ch) {}
-  void send(int peer, ConstBytes b, int lane) { ops_.push_back(ch_.isend(peer, b, lane)); }
-  void recv(int peer, MutableBytes b, int lane) { ops_.push_back(ch_.irecv(peer, b, lane)); }
-  bool advance() override {
-    while (next_ < ops_.size()) {
-      if (!ops_[next_].req.test()) return false;
-      ch_.wait(ops_[next_++]);
-    }
-    return true;
-  }
-  void step() override {
-    if (next_ < ops_.size()) ch_.wait(ops_[next_++]);
-  }
-
- private:
-  Ch& ch_;
-  std::vector<ChannelOp> ops_;
-  std::size_t next_ = 0;
-};
-
-/// Runs `segments` segments through `stages` stages each: `make(k, i)` starts stage i of segment k
-/// (its local work done at once) and returns its messages in flight, or null where it has none.
-/// Segments enter in order, at most Pipeline::kWindow at once; see Pipeline for the polling.
-/// Every rank runs the same segments and stages; their messages meet by lane, whatever order
-/// the ranks' polling completes them in.
-template <class Make>
-void pipeline(int segments, int stages, Make&& make) {
-  struct Slot {
-    int k = -1, stage = 0;
-    std::unique_ptr<Stage> cur;
-  };
-  std::vector<Slot> slots(static_cast<std::size_t>(Pipeline::kWindow));
-  // Starts stages of `s` until one has messages in flight or the segment is done.
-  auto start_next = [&](Slot& s) {
-    while (s.stage < stages) {
-      s.cur = make(s.k, s.stage);
-      if (s.cur) return;
-      ++s.stage;
-    }
-    s.k = -1;
-  };
-  int next = 0, left = segments, idle = 0;
-  while (left > 0) {
-    bool progress = false;
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      Slot& s = slots[i];
-      // Segment k takes slot k % kWindow once segment k - kWindow has left it: the lanes and
-      // the work area of a slot are never used by two segments at once.
-      if (s.k < 0 && next < segments && static_cast<std::size_t>(next % Pipeline::kWindow) == i) {
-        s.k = next++;
-        s.stage = 0;
-        start_next(s);
-        progress = true;
-      }
-      while (s.k >= 0 && s.cur && s.cur->advance()) {
-        s.cur.reset();
-        ++s.stage;
-        start_next(s);
-        progress = true;
-      }
-      if (s.k < 0 && s.stage == stages) {
-        s.stage = 0;
-        --left;
-      }
-    }
-    if (progress) {
-      idle = 0;
-    } else if (++idle >= Pipeline::kSpins) {
-      // Nothing moved for a while: block on the oldest segment's stage.
-      Slot* oldest = nullptr;
-      for (Slot& s : slots)
-        if (s.k >= 0 && s.cur && (!oldest || s.k < oldest->k)) oldest = &s;
-      if (oldest) oldest->cur->step();
-      idle = 0;
-    }
-  }
-}
-
-/// The work area of a bandwidth form: per segment in flight, `region` bytes (its piece of every
-/// block, or nothing) and two scratch areas of `scratch` bytes (the host ring's, the rail's).
-class SegmentWork {
- public:
-  SegmentWork(const Args& a, std::size_t region, std::size_t scratch)
-      : region_(region), scratch_(scratch), base_(a.x().work((region + 2 * scratch) * Pipeline::kWindow)) {}
-  std::byte* region(int k) const { return base_ + (region_ + 2 * scratch_) * static_cast<std::size_t>(k % Pipeline::kWindow); }
-  std::byte* host_scratch(int k) const { return region(k) + region_; }
-  std::byte* rail_scratch(int k) const { return region(k) + region_ + scratch_; }
-
- private:
-  std::size_t region_, scratch_;
-  std::byte* base_;
-};
-
-/// Chunk offsets of FirstChunks over a ring of n ranks.
-inline std::vector<std::size_t> offsets(const FirstChunks& c, int n) {
-  std::vector<std::size_t> at(static_cast<std::size_t>(n) + 1);
-  for (int i = 0; i <= n; ++i) at[static_cast<std::size_t>(i)] = i < n ? c.begin(i) : c.count;
-  return at;
-}
 
 }  // namespace detail
 
@@ -422,41 +243,34 @@ void hierarchical_reduce_scatter(Ch& ch, const Args& a, const topology::Hosts& h
   using detail::Pipeline;
   using Ring = detail::AsyncRing<SubChannel<Ch>>;
   using Ops = detail::AsyncOps<SubChannel<Ch>>;
-  const detail::Place pl = detail::place(ch, hosts);
-  [[maybe_unused]] const int me = pl.me, P = pl.P, h = pl.h, l = pl.l, L = pl.L, H = pl.H, R = pl.R;
-  const auto local = hosts.members(h);
-  const detail::BlockOrder bo(hosts);
+  detail::HostLayout<Ch> hl(ch, a, hosts);
+  [[maybe_unused]] const int P = hl.P, l = hl.l, L = hl.L, H = hl.H, R = hl.R, K = hl.K;
   const Args s = detail::summing(a);
-  SubChannel intra(ch, local, l);
-  const std::vector<int> rail = l < R ? hosts.rail(l) : std::vector<int>{};
-  SubChannel rc(ch, rail, h);
-  const int K = Pipeline::segments(a.bytes(a.count) * static_cast<std::size_t>(P), R, H);
-  const EvenChunks seg{a.count, K};
   const std::size_t region = a.bytes((a.count / static_cast<std::size_t>(K) + 1) * static_cast<std::size_t>(P));
   const detail::SegmentWork sw(a, region, region);
   detail::pipeline(K, 3, [&](int k, int stage) -> std::unique_ptr<detail::Stage> {
-    const std::size_t c = seg.size(k), b = seg.begin(k);
+    const std::size_t c = hl.seg.size(k), b = hl.seg.begin(k);
     std::byte* w = sw.region(k);
     if (stage == 0) {
-      for (std::size_t i = 0; i < bo.order.size(); ++i)
-        a.x().copy(w + a.bytes(i * c), a.in + a.bytes(static_cast<std::size_t>(bo.order[i]) * a.count + b), a.bytes(c));
+      for (std::size_t i = 0; i < hl.bo.order.size(); ++i)
+        a.x().copy(w + a.bytes(i * c), a.in + a.bytes(static_cast<std::size_t>(hl.bo.order[i]) * a.count + b), a.bytes(c));
       if (L == 1) return nullptr;
-      return std::make_unique<Ring>(intra, s, w, bo.host_chunks(L, R, c), Ring::Kind::reduce_scatter, Pipeline::lane(k, 0),
-                                    sw.host_scratch(k));
+      return std::make_unique<Ring>(hl.intra, s, w, hl.bo.host_chunks(L, R, c), Ring::Kind::reduce_scatter,
+                                    Pipeline::lane(k, 0), sw.host_scratch(k));
     }
     if (stage == 1) {
       if (l >= R || H == 1) return nullptr;
-      return std::make_unique<Ring>(rc, s, w, bo.rail_chunks(l, H, c), Ring::Kind::reduce_scatter, Pipeline::lane(k, 1),
-                                    sw.rail_scratch(k));
+      return std::make_unique<Ring>(hl.rc, s, w, hl.bo.rail_chunks(l, H, c), Ring::Kind::reduce_scatter,
+                                    Pipeline::lane(k, 1), sw.rail_scratch(k));
     }
     std::byte* out = a.out + a.bytes(b);
-    auto ops = std::make_unique<Ops>(intra);
+    auto ops = std::make_unique<Ops>(hl.intra);
     if (l >= R) {
       ops->recv(l % R, mbytes(out, a.bytes(c)), Pipeline::lane(k, 2));
       return ops;
     }
-    for (std::size_t j = static_cast<std::size_t>(l); j < local.size(); j += static_cast<std::size_t>(R)) {
-      std::byte* piece = w + a.bytes(static_cast<std::size_t>(bo.position[static_cast<std::size_t>(local[j])]) * c);
+    for (std::size_t j = static_cast<std::size_t>(l); j < hl.local.size(); j += static_cast<std::size_t>(R)) {
+      std::byte* piece = w + a.bytes(static_cast<std::size_t>(hl.bo.position[static_cast<std::size_t>(hl.local[j])]) * c);
       if (a.op == ReduceOp::avg) a.x().finalize_avg(a.dtype, piece, c, P);
       if (static_cast<int>(j) == l) a.x().copy(out, piece, a.bytes(c));
       else ops->send(static_cast<int>(j), cbytes(piece, a.bytes(c)), Pipeline::lane(k, 2));
@@ -474,28 +288,21 @@ void hierarchical_all_gather(Ch& ch, const Args& a, const topology::Hosts& hosts
   using detail::Pipeline;
   using Ring = detail::AsyncRing<SubChannel<Ch>>;
   using Ops = detail::AsyncOps<SubChannel<Ch>>;
-  const detail::Place pl = detail::place(ch, hosts);
-  [[maybe_unused]] const int me = pl.me, P = pl.P, h = pl.h, l = pl.l, L = pl.L, H = pl.H, R = pl.R;
-  const auto local = hosts.members(h);
-  const detail::BlockOrder bo(hosts);
-  SubChannel intra(ch, local, l);
-  const std::vector<int> rail = l < R ? hosts.rail(l) : std::vector<int>{};
-  SubChannel rc(ch, rail, h);
-  const int K = Pipeline::segments(a.bytes(a.count) * static_cast<std::size_t>(P), R, H);
-  const EvenChunks seg{a.count, K};
+  detail::HostLayout<Ch> hl(ch, a, hosts);
+  [[maybe_unused]] const int P = hl.P, l = hl.l, L = hl.L, H = hl.H, R = hl.R, K = hl.K;
   const detail::SegmentWork sw(a, a.bytes((a.count / static_cast<std::size_t>(K) + 1) * static_cast<std::size_t>(P)), 0);
   detail::pipeline(K, 4, [&](int k, int stage) -> std::unique_ptr<detail::Stage> {
-    const std::size_t c = seg.size(k), b = seg.begin(k);
+    const std::size_t c = hl.seg.size(k), b = hl.seg.begin(k);
     std::byte* w = sw.region(k);
     if (stage == 0) {
       const std::byte* in = a.in + a.bytes(b);
-      auto ops = std::make_unique<Ops>(intra);
+      auto ops = std::make_unique<Ops>(hl.intra);
       if (l >= R) {
         ops->send(l % R, cbytes(in, a.bytes(c)), Pipeline::lane(k, 0));
         return ops;
       }
-      for (std::size_t j = static_cast<std::size_t>(l); j < local.size(); j += static_cast<std::size_t>(R)) {
-        std::byte* piece = w + a.bytes(static_cast<std::size_t>(bo.position[static_cast<std::size_t>(local[j])]) * c);
+      for (std::size_t j = static_cast<std::size_t>(l); j < hl.local.size(); j += static_cast<std::size_t>(R)) {
+        std::byte* piece = w + a.bytes(static_cast<std::size_t>(hl.bo.position[static_cast<std::size_t>(hl.local[j])]) * c);
         if (static_cast<int>(j) == l) a.x().copy(piece, in, a.bytes(c));
         else ops->recv(static_cast<int>(j), mbytes(piece, a.bytes(c)), Pipeline::lane(k, 0));
       }
@@ -503,14 +310,16 @@ void hierarchical_all_gather(Ch& ch, const Args& a, const topology::Hosts& hosts
     }
     if (stage == 1) {
       if (l >= R || H == 1) return nullptr;
-      return std::make_unique<Ring>(rc, a, w, bo.rail_chunks(l, H, c), Ring::Kind::all_gather, Pipeline::lane(k, 1), nullptr);
+      return std::make_unique<Ring>(hl.rc, a, w, hl.bo.rail_chunks(l, H, c), Ring::Kind::all_gather, Pipeline::lane(k, 1),
+                                    nullptr);
     }
     if (stage == 2) {
       if (L == 1) return nullptr;
-      return std::make_unique<Ring>(intra, a, w, bo.host_chunks(L, R, c), Ring::Kind::all_gather, Pipeline::lane(k, 2), nullptr);
+      return std::make_unique<Ring>(hl.intra, a, w, hl.bo.host_chunks(L, R, c), Ring::Kind::all_gather, Pipeline::lane(k, 2),
+                                    nullptr);
     }
-    for (std::size_t i = 0; i < bo.order.size(); ++i)
-      a.x().copy(a.out + a.bytes(static_cast<std::size_t>(bo.order[i]) * a.count + b), w + a.bytes(i * c), a.bytes(c));
+    for (std::size_t i = 0; i < hl.bo.order.size(); ++i)
+      a.x().copy(a.out + a.bytes(static_cast<std::size_t>(hl.bo.order[i]) * a.count + b), w + a.bytes(i * c), a.bytes(c));
     return nullptr;
   });
 }

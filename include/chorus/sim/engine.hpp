@@ -18,161 +18,27 @@
 /// (its bytes are in the link's hands, as with tcp and shm); a rendezvous send when its data
 /// has left the tx queue; a receive when its data is delivered.
 ///
-/// Lean by design (4,096 ranks x thousands of messages each): events are plain structs in a
-/// 4-ary heap (no std::function), messages come from a free list, an operation's request is
-/// allocated from a pool and eager sends share one completed request.
+/// Its pieces: sim/events.hpp (requests, messages, events and their queue) and sim/fibers.hpp
+/// (the layout, the fibers' stacks, the cores, a rank's state), both included here.
 
 #include <algorithm>
 #include <boost/context/fiber.hpp>
-#include <boost/context/stack_context.hpp>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <iterator>
-#include <map>
 #include <memory>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <sys/mman.h>
-#include <cstring>
-
 #include "chorus/algo/group.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
+#include "chorus/sim/events.hpp"
+#include "chorus/sim/fibers.hpp"
 #include "chorus/sim/network.hpp"
 
 namespace chorus::sim {
-
-class Engine;
-
-/// A request of the simulator: chorus's RequestState (so that ChannelOp::req.test() works) with
-/// the virtual time it completed at and the rank that waits for it.
-struct SimRequest : detail::RequestState {
-  SimRequest(int rank, int peer, const char* verb, std::size_t bytes, int lane_)
-      : RequestState(rank, peer, detail::LazyOp{verb, static_cast<std::uint64_t>(lane_), bytes, &format},
-                     std::chrono::milliseconds(0)),
-        owner(rank),
-        peer_rank(peer),
-        lane(lane_),
-        size(bytes) {}
-  static std::string format(const char* verb, std::uint64_t lane, std::size_t bytes) {
-    return std::string(verb) + " lane " + std::to_string(lane) + " (" + std::to_string(bytes) + " bytes)";
-  }
-  double t_done = 0;
-  int owner, peer_rank, lane;
-  std::size_t size;
-};
-
-/// The layout: H hosts of L ranks, rank r on host r / L.
-struct Layout {
-  int hosts = 1;
-  int ranks_per_host = 1;
-  int ranks() const { return hosts * ranks_per_host; }
-  int host_of(int r) const { return r / ranks_per_host; }
-};
-
-/// The fibers' stacks: one mapping of N stacks back to back, with transparent huge pages where
-/// the kernel gives them, so that switching among thousands of ranks does not miss the TLB on
-/// every switch. No guard pages (they would split the huge pages): after each run the engine
-/// measures how deep each stack went (the mapping starts zeroed) and fails the run when one came
-/// within kMargin of its end. Stacks start kColor bytes apart beyond their size: with a stride of
-/// a power of two, the hot top lines of every stack would share a few cache sets (at 4,096 ranks
-/// of 32 KiB, 64 sets of the L3 for 4,096 lines each), and every fiber switch would miss.
-class Stacks {
- public:
-  static constexpr std::size_t kMargin = 4096;
-  static constexpr std::size_t kColor = 5 * 64;  ///< an odd number of cache lines
-
-  Stacks(int n, std::size_t bytes)
-      : n_(static_cast<std::size_t>(n)), bytes_((bytes + 4095) / 4096 * 4096), stride_(bytes_ + kColor) {
-    base_ = static_cast<std::byte*>(::mmap(nullptr, n_ * stride_, PROT_READ | PROT_WRITE,
-                                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
-    if (base_ == MAP_FAILED)
-      throw Error(ErrorCode::system, "sim: mapping " + std::to_string(n_) + " fiber stacks of " + std::to_string(bytes_) +
-                                         " bytes failed: " + std::strerror(errno));
-#ifdef MADV_HUGEPAGE
-    (void)::madvise(base_, n_ * stride_, MADV_HUGEPAGE);
-#endif
-  }
-  ~Stacks() { ::munmap(base_, n_ * stride_); }
-  Stacks(const Stacks&) = delete;
-  Stacks& operator=(const Stacks&) = delete;
-
-  /// A stack allocator (boost::context's StackAllocator) handing out stack r.
-  struct Slot {
-    std::byte* low;
-    std::size_t size;
-    boost::context::stack_context allocate() {
-      boost::context::stack_context sc;
-      sc.size = size;
-      sc.sp = low + size;
-      return sc;
-    }
-    void deallocate(boost::context::stack_context&) noexcept {}
-  };
-  Slot stack(int r) { return Slot{base_ + static_cast<std::size_t>(r) * stride_, bytes_}; }
-
-  /// The deepest any stack has gone, in bytes (the lowest byte written, from the top).
-  std::size_t high_water() const {
-    std::size_t deepest = 0;
-    for (std::size_t r = 0; r < n_; ++r) {
-      const auto* low = reinterpret_cast<const std::uint64_t*>(base_ + r * stride_);
-      std::size_t i = 0;
-      const std::size_t words = bytes_ / 8;
-      while (i < words && low[i] == 0) ++i;
-      deepest = std::max(deepest, (words - i) * 8);
-    }
-    return deepest;
-  }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  std::size_t n_, bytes_, stride_;
-  std::byte* base_;
-};
-
-/// The cores of each pool (a host, or the machine where hosts share cores) as servers of compute:
-/// each core keeps the intervals it is busy, and a piece of compute of d seconds that a rank
-/// starts at its clock t takes the core that can fit [s, s + d) earliest, s >= t (a gap between
-/// intervals booked earlier counts: ranks run in fiber order, not in virtual-time order, so a rank
-/// behind another's clock still gets the core the other left free then). Deterministic: the same
-/// order of requests gives the same intervals.
-class CoreQueues {
- public:
-  void clear() { pools_.clear(); }
-
-  /// Books d seconds of compute on one of `cores` cores of `pool` from time t on; returns its end.
-  double run(int pool, int cores, double t, double d) {
-    if (!(d > 0)) return t;
-    auto& p = pools_[pool];
-    if (p.size() < static_cast<std::size_t>(cores)) p.resize(static_cast<std::size_t>(cores));
-    std::size_t best = 0;
-    double best_s = 0;
-    for (std::size_t c = 0; c < p.size(); ++c) {
-      const double s = fit(p[c], t, d);
-      if (c == 0 || s < best_s) best = c, best_s = s;
-    }
-    p[best].emplace(best_s, best_s + d);
-    return best_s + d;
-  }
-
- private:
-  using Busy = std::map<double, double>;  ///< start -> end, disjoint
-
-  static double fit(const Busy& b, double t, double d) {
-    auto it = b.upper_bound(t);
-    double s = t;
-    if (it != b.begin()) s = std::max(s, std::prev(it)->second);
-    for (; it != b.end() && it->first < s + d; ++it) s = std::max(s, it->second);
-    return s;
-  }
-
-  std::map<int, std::vector<Busy>> pools_;
-};
 
 class Engine {
  public:
@@ -254,7 +120,7 @@ class Engine {
       now_ = e.t;
       fire(e);
     }
-    if (!error_ && finished_ != n) error_ = std::make_exception_ptr(deadlock());
+    if (!error_ && finished_ != n) error_ = std::make_exception_ptr(internal::deadlock_error(ranks_, now_));
     high_water_ = stacks_.high_water();
     if (!error_ && high_water_ + Stacks::kMargin > stacks_.bytes())
       error_ = std::make_exception_ptr(Error(ErrorCode::system, "sim: a rank's fiber stack went " + std::to_string(high_water_) +
@@ -370,174 +236,15 @@ class Engine {
   void overhead(int me, const LinkClass& c) { cpu(me, c.overhead, overheads_queue_); }
 
  private:
-  enum class Ev : std::uint8_t { ready, rts, cts, arrive, deliver, wake };
-
-  struct Msg {
-    int src = -1, dst = -1, lane = 0;
-    std::size_t bytes = 0, recv_bytes = 0;
-    bool rendezvous = false, has_send = false, has_recv = false, header = false;
-    double posted_at = 0, delivered_at = 0, tx_start = 0, tx_end = 0;
-    std::shared_ptr<SimRequest> send, recv;
-    Msg* next = nullptr;  ///< the next of its Pair's queue
-  };
-
-  struct Event {
-    double t;
-    Msg* msg;
-    int rank;
-    Ev kind;
-  };
-
-  /// The events, earliest first by (time, sequence number): a 4-ary heap of 16-byte keys (the
-  /// time, and the sequence number above the index of the event's payload), the payloads apart.
-  /// Sift-downs compare keys only, which keeps the heap's walk in few cache lines.
-  class Queue {
-   public:
-    static constexpr int kSlotBits = 24;
-    bool empty() const { return heap_.empty(); }
-    double top_time() const { return heap_.front().t; }
-    const Event& top() const { return slots_[heap_.front().seq_slot & ((1u << kSlotBits) - 1)]; }
-    void clear() {
-      heap_.clear();
-      slots_.clear();
-      free_.clear();
-      seq_ = 0;
-    }
-    void push(const Event& e) {
-      std::uint32_t slot;
-      if (!free_.empty()) {
-        slot = free_.back();
-        free_.pop_back();
-        slots_[slot] = e;
-      } else {
-        slot = static_cast<std::uint32_t>(slots_.size());
-        if (slot >> kSlotBits) throw Error(ErrorCode::system, "sim: more than 2^24 events pending at once");
-        slots_.push_back(e);
-      }
-      Key k{e.t, (seq_++ << kSlotBits) | slot};
-      std::size_t i = heap_.size();
-      heap_.push_back(k);
-      while (i > 0) {
-        const std::size_t parent = (i - 1) / 4;
-        if (!less(k, heap_[parent])) break;
-        heap_[i] = heap_[parent];
-        i = parent;
-      }
-      heap_[i] = k;
-    }
-    Event pop() {
-      const Key top = heap_[0];
-      const Key last = heap_.back();
-      heap_.pop_back();
-      const std::size_t n = heap_.size();
-      if (n > 0) {
-        std::size_t i = 0;
-        for (;;) {
-          const std::size_t c = 4 * i + 1;
-          if (c >= n) break;
-          std::size_t m = c;
-          const std::size_t end = std::min(c + 4, n);
-          for (std::size_t j = c + 1; j < end; ++j)
-            if (less(heap_[j], heap_[m])) m = j;
-          if (!less(heap_[m], last)) break;
-          heap_[i] = heap_[m];
-          i = m;
-        }
-        heap_[i] = last;
-      }
-      const auto slot = static_cast<std::uint32_t>(top.seq_slot & ((1u << kSlotBits) - 1));
-      free_.push_back(slot);
-      return slots_[slot];
-    }
-
-   private:
-    struct Key {
-      double t;
-      std::uint64_t seq_slot;
-    };
-    static bool less(const Key& a, const Key& b) { return a.t < b.t || (a.t == b.t && a.seq_slot < b.seq_slot); }
-    std::vector<Key> heap_;
-    std::vector<Event> slots_;
-    std::vector<std::uint32_t> free_;
-    std::uint64_t seq_ = 0;
-  };
-
-  /// The operations in flight between a receiver and one sender on one lane, not yet paired:
-  /// sends waiting for their receives, or receives for their sends (never both), oldest first,
-  /// linked through Msg::next.
-  struct Pair {
-    int peer = -1, lane = 0;
-    bool sends = false;  ///< what the queue holds
-    double data_free = 0;  ///< when the data of its sender's messages started so far has left (control_queue_bytes)
-    Msg *head = nullptr, *tail = nullptr;
-  };
-
-  /// A rank's state, in one cache-line-aligned block with its first kInlinePairs pairs (a ring
-  /// has one per receiver): a message touches its sender's and its receiver's block, not
-  /// separate allocations of each.
-  static constexpr int kInlinePairs = 2;
-  struct alignas(64) Rank {
-    boost::context::fiber self, back;
-    double clock = 0;
-    SimRequest* waiting = nullptr;
-    void* sp = nullptr;  ///< where its fiber stopped last (suspend's frame)
-    bool finished = false;
-    int npairs = 0;  ///< pairs in use: the inline ones first, then `more`
-    Pair pairs[kInlinePairs];
-    std::vector<Pair> more;
-  };
-
-  /// A free list for the engine's requests (allocate_shared: object and control block in one),
-  /// carved from mappings of kChunk bytes, side by side (not among the heap's other blocks).
-  /// Not huge pages: with the kernel's defrag=madvise their faults compact memory, which cost
-  /// more system time than they saved (1,024 ranks, double tree of 512 MiB: 2.2-2.8 s system
-  /// against 0.8 s).
-  struct Pool {
-    static constexpr std::size_t kChunk = std::size_t(2) << 20;
-    std::vector<void*> free;
-    std::vector<void*> chunks;
-    std::size_t size = 0, carved = kChunk;  ///< block size; bytes used of the last chunk
-    void* carve() {
-      if (carved + size > kChunk) {
-        void* c = ::mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (c == MAP_FAILED) throw std::bad_alloc();
-        chunks.push_back(c);
-        carved = 0;
-      }
-      void* p = static_cast<std::byte*>(chunks.back()) + carved;
-      carved += size;
-      return p;
-    }
-    ~Pool() {
-      for (void* c : chunks) ::munmap(c, kChunk);
-    }
-  };
+  using Ev = internal::Ev;
+  using Msg = internal::Msg;
+  using Event = internal::Event;
+  using Queue = internal::EventQueue;
+  using Pair = internal::Pair;
+  using Rank = internal::Rank;
+  using Pool = internal::RequestPool;
   template <class T>
-  struct PoolAlloc {
-    using value_type = T;
-    Pool* pool;
-    explicit PoolAlloc(Pool* p) : pool(p) {}
-    template <class U>
-    PoolAlloc(const PoolAlloc<U>& o) : pool(o.pool) {}
-    static std::size_t rounded(std::size_t b) { return (b + alignof(std::max_align_t) - 1) / alignof(std::max_align_t) * alignof(std::max_align_t); }
-    T* allocate(std::size_t n) {
-      const std::size_t b = rounded(n * sizeof(T));
-      if (pool->size == 0) pool->size = b;
-      if (b != pool->size) return static_cast<T*>(::operator new(b));
-      if (pool->free.empty()) return static_cast<T*>(pool->carve());
-      void* p = pool->free.back();
-      pool->free.pop_back();
-      return static_cast<T*>(p);
-    }
-    void deallocate(T* p, std::size_t n) {
-      if (rounded(n * sizeof(T)) == pool->size) return pool->free.push_back(p);
-      ::operator delete(p);
-    }
-    template <class U>
-    bool operator==(const PoolAlloc<U>& o) const {
-      return pool == o.pool;
-    }
-  };
+  using PoolAlloc = internal::PoolAlloc<T>;
 
   /// Request::test() on a pending request polls: a rank whose clock is ahead of the engine's
   /// time lets the events up to its clock fire first, so what it sees complete is what would
@@ -598,7 +305,7 @@ class Engine {
   /// The message of the next send (send) or receive from `src` to `dst` on `lane`: the oldest
   /// unpaired one of the other side, or a new one.
   Msg* pair_up(int dst, int src, int lane, bool send) {
-    Pair* p = find_pair(ranks_[static_cast<std::size_t>(dst)], src, lane);
+    Pair* p = ranks_[static_cast<std::size_t>(dst)].pair(src, lane);
     if (p->head && p->sends != send) {
       Msg* m = p->head;
       p->head = m->next;
@@ -606,40 +313,11 @@ class Engine {
       m->next = nullptr;
       return m;
     }
-    Msg* m = new_msg();
+    Msg* m = msgs_.take();
     p->sends = send;
     (p->tail ? p->tail->next : p->head) = m;
     p->tail = m;
     return m;
-  }
-  Pair* find_pair(Rank& k, int src, int lane) {
-    const int inl = std::min(k.npairs, kInlinePairs);
-    for (int i = 0; i < inl; ++i)
-      if (k.pairs[i].peer == src && k.pairs[i].lane == lane) return &k.pairs[i];
-    for (Pair& q : k.more)
-      if (q.peer == src && q.lane == lane) return &q;
-    Pair* p = k.npairs < kInlinePairs ? &k.pairs[k.npairs] : &k.more.emplace_back();
-    ++k.npairs;
-    p->peer = src;
-    p->lane = lane;
-    return p;
-  }
-
-  /// Messages come from slabs of kSlab and are reused (a free list, most recent first).
-  static constexpr std::size_t kSlab = 4096;
-  Msg* new_msg() {
-    if (free_msgs_.empty()) {
-      slabs_.push_back(std::make_unique<Msg[]>(kSlab));
-      Msg* b = slabs_.back().get();
-      for (std::size_t i = kSlab; i-- > 0;) free_msgs_.push_back(b + i);
-    }
-    Msg* m = free_msgs_.back();
-    free_msgs_.pop_back();
-    return m;
-  }
-  void free_msg(Msg* m) {
-    *m = Msg{};
-    free_msgs_.push_back(m);
   }
 
   void schedule(double t, Ev kind, Msg* m, int rank = -1) { queue_.push(Event{t, m, rank, kind}); }
@@ -658,13 +336,7 @@ class Engine {
   /// already on its way has left, at most that many bytes of it (it takes no time of the NIC).
   double control_leaves(int from, int to, double t) {
     if (!(m_.control_queue_bytes > 0) || same_host(from, to)) return t;
-    double ahead = t;
-    Rank& k = ranks_[static_cast<std::size_t>(to)];
-    const int inl = std::min(k.npairs, kInlinePairs);
-    for (int i = 0; i < inl; ++i)
-      if (k.pairs[i].peer == from) ahead = std::max(ahead, k.pairs[i].data_free);
-    for (const Pair& q : k.more)
-      if (q.peer == from) ahead = std::max(ahead, q.data_free);
+    const double ahead = ranks_[static_cast<std::size_t>(to)].data_free_from(from, t);
     return std::min(ahead, t + m_.control_queue_bytes / m_.inter.bandwidth);
   }
 
@@ -678,7 +350,7 @@ class Engine {
     m->tx_end = m->tx_start + busy;
     s.free = m->tx_end;
     if (m_.control_queue_bytes > 0 && !same_host(m->src, m->dst)) {
-      double& f = find_pair(ranks_[static_cast<std::size_t>(m->dst)], m->src, m->lane)->data_free;
+      double& f = ranks_[static_cast<std::size_t>(m->dst)].pair(m->src, m->lane)->data_free;
       f = std::max(f, m->tx_end);
     }
     if (m->rendezvous) complete(*m->send, m->tx_end);
@@ -738,7 +410,7 @@ class Engine {
 
   void finish_recv(Msg* m, double t) {
     complete(*m->recv, t);
-    free_msg(m);
+    msgs_.give(m);
   }
 
   void complete(SimRequest& q, double t) {
@@ -779,25 +451,6 @@ class Engine {
     suspend(k);
   }
 
-  Error deadlock() const {
-    std::string s;
-    int shown = 0, stuck = 0;
-    for (int r = 0; r < size(); ++r) {
-      const Rank& k = ranks_[static_cast<std::size_t>(r)];
-      if (k.finished) continue;
-      ++stuck;
-      if (shown++ >= 8) continue;
-      s += "; rank " + std::to_string(r);
-      if (k.waiting)
-        s += " waits for " + k.waiting->context().op + " from/to peer " + std::to_string(k.waiting->peer_rank);
-      else
-        s += " is not waiting for a message";
-    }
-    return Error(ErrorCode::timeout, "sim: no event left at virtual time " + std::to_string(now_) + " s while " +
-                                         std::to_string(stuck) + " of " + std::to_string(size()) +
-                                         " ranks have not finished" + s);
-  }
-
   NetworkModel m_, base_;
   std::size_t call_bytes_ = 0;
   Layout layout_;
@@ -810,8 +463,7 @@ class Engine {
   Queue queue_;
   std::vector<int> runnable_;
   std::size_t head_ = 0;
-  std::vector<Msg*> free_msgs_;
-  std::vector<std::unique_ptr<Msg[]>> slabs_;  ///< every message made (they are reused)
+  internal::MsgSlabs msgs_;
   Pool pool_;
   std::shared_ptr<SimRequest> done_send_;
   std::shared_ptr<Poller> driver_;
