@@ -79,6 +79,23 @@ function(chorus_cuda_warnings target)
     $<$<AND:$<BOOL:${CHORUS_WERROR}>,$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>>:-Werror=all-warnings -Xcompiler=-Werror>)
 endfunction()
 
+# chorus_cuda_runtime_instance(): defines (once) chorus_cuda_runtime_instance, the static library
+# with the CUDA runtime of chorus's own programs (cmake/instances/cuda_runtime_instance.cu: the
+# build's one nvcc translation unit that instantiates the runtime's kernels, for every
+# architecture; tests/cuda and the *_perf programs share it). Call it after
+# chorus_enable_cuda_language() turned CHORUS_CUDA_LANGUAGE on.
+function(chorus_cuda_runtime_instance)
+  if(TARGET chorus_cuda_runtime_instance)
+    return()
+  endif()
+  add_library(chorus_cuda_runtime_instance STATIC "${PROJECT_SOURCE_DIR}/cmake/instances/cuda_runtime_instance.cu")
+  target_link_libraries(chorus_cuda_runtime_instance PUBLIC chorus_cuda_static PRIVATE chorus_project_options)
+  target_include_directories(chorus_cuda_runtime_instance PUBLIC "${PROJECT_SOURCE_DIR}/cmake/instances")
+  set_target_properties(chorus_cuda_runtime_instance PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON
+                        CUDA_RUNTIME_LIBRARY Static)
+  chorus_cuda_warnings(chorus_cuda_runtime_instance)
+endfunction()
+
 # chorus_cuda_program(<target>): one of chorus's own CUDA programs (tests/cuda, the *_perf
 # programs), made so that it runs when copied to a machine with nothing but a CUDA driver
 # (scripts/gpu-bundle): cudart linked statically (nvcc's default; with chorus_cuda_static, never

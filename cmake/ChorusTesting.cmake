@@ -55,6 +55,7 @@ endfunction()
 
 set(CHORUS_TEST_UNITY_BATCH 8 CACHE STRING
     "test files per translation unit (unity build); 1 compiles each file on its own")
+option(CHORUS_TEST_PCH "test executables share one precompiled header (chorus.hpp, doctest)" ON)
 
 # chorus_add_test_executable(<dir> <target> SOURCES <files>... [LINK <targets>...])
 function(chorus_add_test_executable dir target)
@@ -62,6 +63,9 @@ function(chorus_add_test_executable dir target)
   add_executable(${target} ${arg_SOURCES})
   target_link_libraries(${target} PRIVATE chorus::chorus chorus_test_main chorus_project_options ${arg_LINK})
   set_target_properties(${target} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}/${dir}")
+  if(TARGET chorus_test_pch)  # tests/CMakeLists.txt
+    target_precompile_headers(${target} REUSE_FROM chorus_test_pch)
+  endif()
   list(LENGTH arg_SOURCES n)
   if(n GREATER 1 AND CHORUS_TEST_UNITY_BATCH GREATER 1)
     set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${CHORUS_TEST_UNITY_BATCH})

@@ -29,6 +29,7 @@
 #include "chorus/transport/tcp/transport.hpp"
 #include "chorus/communicator.hpp"
 #include "chorus/call.hpp"
+#include "chorus/compiled.hpp"
 #include "chorus/fwd.hpp"
 #include "chorus/all_to_all_v.hpp"
 #include "chorus/registered_memory.hpp"
@@ -38,10 +39,11 @@ namespace chorus {
 
 // chorus::DefaultTransport, hybrid::Transport, is declared in chorus/fwd.hpp.
 
-#ifdef CHORUS_EXTERN_TEMPLATES
+#if defined(CHORUS_EXTERN_TEMPLATES) && !defined(CHORUS_SEPARATE_COMPILATION)
 /// A build that compiles the default communicator once, in one file holding
 /// `template class chorus::Communicator<chorus::DefaultTransport>;`, defines CHORUS_EXTERN_TEMPLATES
-/// for its other files, which then only declare it (chorus's own programs do: CMakeLists.txt).
+/// for its other files, which then only declare it. (CHORUS_SEPARATE_COMPILATION, chorus/compiled.hpp,
+/// does that for every transport and Boost.Asio at once.)
 extern template class Communicator<DefaultTransport>;
 #endif
 

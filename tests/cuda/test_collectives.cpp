@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The GPU suite's collective matrix: support/device_matrix.hpp on real device buffers through the
-// CUDA runtime (device/cuda_runtime.hpp, built by nvcc in tests/cuda/support/cuda_runtime.cu; this
+// CUDA runtime (device/cuda_runtime.hpp, built by nvcc once, in cmake/instances/cuda_runtime_instance.cu; this
 // file is host code), ranks as processes over shm and tcp at worlds 2 and 3 sharing the GPUs
 // (rank r on device r % device_count()), and over cuda_ipc at worlds 2 to 4 with every rank on
 // device 0 (CUDA IPC handles work between processes of one device): the collective kernel through
@@ -19,14 +19,10 @@
 #include "chorus/device/default.hpp"
 #include "chorus/device/runtime.hpp"
 #include "chorus/transport/cuda_ipc/transport.hpp"
+#include "cuda_runtime_instance.hpp"
 #include "support/communicators.hpp"
 #include "support/device_matrix.hpp"
 #include "support/spawn.hpp"
-
-namespace chorus::test {
-/// The CUDA runtime (tests/cuda/support/cuda_runtime.cu).
-std::unique_ptr<chorus::device::Runtime> make_cuda_runtime();
-}  // namespace chorus::test
 
 namespace cuda_test_collectives {
 
@@ -40,7 +36,7 @@ void matrix(int world) {
   p.timeout = 280s;
   p.comm_timeout = 60s;
   chorus::test::device_matrix::run_in_processes<Comm>(world, "CUDA", p, [](int rank) {
-    auto rt = chorus::test::make_cuda_runtime();
+    auto rt = chorus::instances::make_cuda_runtime();
     rt->set_device(rank % rt->device_count());
     return rt;
   });
@@ -55,7 +51,7 @@ void ipc_matrix(int world) {
   chorus::test::run_processes(
       world,
       [&](int, chorus::Options o) {
-        auto rt = chorus::test::make_cuda_runtime();
+        auto rt = chorus::instances::make_cuda_runtime();
         rt->set_device(0);
         chorus::device::set_default_runtime(rt.get());  // the transport reads it
         using Comm = chorus::Communicator<chorus::cuda_ipc::Transport>;
@@ -75,7 +71,7 @@ void ipc_matrix(int world) {
 /// The matrix with ranks as threads of this process on device 0 (inproc): the collective kernel
 /// with plain device pointers, every rank on a stream of its own, one CUDA runtime.
 void threads_matrix(int world) {
-  auto rt = chorus::test::make_cuda_runtime();
+  auto rt = chorus::instances::make_cuda_runtime();
   rt->set_device(0);
   chorus::test::ThreadOptions t;
   t.timeout = 60s;

@@ -532,7 +532,7 @@ TEST_CASE("sim runtime: wait_value waits for another stream's write_value and se
   FlagRig rig;
   SimRuntime& rt = rig.rt;
   // The wait_flag and write_value below launch while the wait_value holds a stream: loaded lazily
-  // they would wait for it (on a GPU; here they throw). tests/cuda/test_runtime.cu's twin does the same.
+  // they would wait for it (on a GPU; here they throw). tests/cuda/test_runtime.cpp's twin does the same.
   rt.load_kernels();
   Stream producer = rig.s;
   Stream consumer = rt.create_stream();

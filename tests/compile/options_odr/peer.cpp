@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The one instance of the default communicator (as cmake/instances/default_communicator.cpp) and a
+// The one instance of the default communicator (the README's CHORUS_EXTERN_TEMPLATES recipe) and a
 // function that takes one, compiled without CHORUS_WITH_RDMA (CMakeLists.txt here).
 #include "train.hpp"
 

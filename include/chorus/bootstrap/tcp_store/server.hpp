@@ -303,6 +303,14 @@ class TcpStoreServer {
     co_return true;
   }
 
+  /// wait_keys' watch on its client's socket, shared with the read it starts. (At class scope, not
+  /// local to the coroutine: g++ 12 cannot mangle a local class of a coroutine in a precompiled
+  /// header.)
+  struct Watch {
+    asio::steady_timer* timer = nullptr;  ///< null once wait_keys has returned
+    bool readable = false;
+  };
+
   /// Parks until every key is set (woken by notify), the deadline passes, the server stops, or
   /// the client leaves. A client sends nothing while it waits for a reply, so the socket turning
   /// readable means it closed (or broke the protocol): the request is dropped at once instead of
@@ -310,10 +318,6 @@ class TcpStoreServer {
   asio::awaitable<WaitResult> wait_keys(asio_tcp::socket& s, const std::vector<std::string>& keys,
                                         Clock::time_point deadline) {
     asio::steady_timer timer(io_, deadline);
-    struct Watch {
-      asio::steady_timer* timer = nullptr;  ///< null once wait_keys has returned
-      bool readable = false;
-    };
     auto watch = std::make_shared<Watch>();
     watch->timer = &timer;
     bool watching = false;

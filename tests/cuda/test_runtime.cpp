@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-#include "chorus/device/cuda_runtime.hpp"
+#include "chorus/device/runtime.hpp"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -9,27 +9,31 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "chorus/core/error.hpp"
 #include "cuda/gpu_test.hpp"
+#include "cuda_runtime_instance.hpp"
 
-// device::CudaRuntime on a GPU: devices, memory kinds, copies and fills, streams and events,
+// device::CudaRuntime on a GPU, through the device::Runtime seam it implements (the runtime comes
+// from the build's one nvcc translation unit, cmake/instances/cuda_runtime_instance.cu): devices, memory kinds, copies and fills, streams and events,
 // reductions, wait_flag released by the host or timing out, the step flags (write_value and
 // wait_value: released, timed out, aborted), dma-buf export, and the text of its errors.
 
 namespace {
 
 using chorus::MemoryKind;
-using chorus::device::CudaRuntime;
+
+using chorus::device::Runtime;
 using chorus::device::Event;
 using chorus::device::Stream;
 
 /// A stream and two events, destroyed at scope exit.
 struct StreamAndEvents {
-  explicit StreamAndEvents(CudaRuntime& rt, bool timing = false)
+  explicit StreamAndEvents(Runtime& rt, bool timing = false)
       : rt(rt), s(rt.create_stream()), start(rt.create_event(timing)), end(rt.create_event(timing)) {}
   ~StreamAndEvents() {
     rt.destroy_event(end);
@@ -38,7 +42,7 @@ struct StreamAndEvents {
   }
   StreamAndEvents(const StreamAndEvents&) = delete;
   StreamAndEvents& operator=(const StreamAndEvents&) = delete;
-  CudaRuntime& rt;
+  Runtime& rt;
   Stream s;
   Event start;
   Event end;
@@ -47,7 +51,8 @@ struct StreamAndEvents {
 }  // namespace
 
 TEST_CASE("runtime: devices") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   CHECK(rt.name() == "cuda");
   REQUIRE(rt.device_count() > 0);
   rt.set_device(0);
@@ -55,7 +60,8 @@ TEST_CASE("runtime: devices") {
 }
 
 TEST_CASE("runtime: memory kinds and allocations") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   void* d = rt.alloc_device(1024);
   void* d0 = rt.alloc_device(0);
   void* d0b = rt.alloc_device(0);
@@ -83,7 +89,8 @@ TEST_CASE("runtime: memory kinds and allocations") {
 }
 
 TEST_CASE("runtime: copies and fills between host, pinned and device memory, ordered by events") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   constexpr std::size_t kBytes = (1 << 20) + 13;
   std::vector<unsigned char> src(kBytes);
   std::iota(src.begin(), src.end(), static_cast<unsigned char>(7));
@@ -124,7 +131,8 @@ TEST_CASE("runtime: after load_kernels, a reduction's first launch runs while a 
   // A communicator calls load_kernels before its first call on device buffers. This is the first
   // test of the file to launch a reduction (doctest runs them in file order), and no later
   // one reduces int8 with bxor.
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   rt.load_kernels();
   rt.load_kernels();  // again: at once
   auto* flag = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
@@ -157,7 +165,8 @@ TEST_CASE("runtime: after load_kernels, a reduction's first launch runs while a 
 }
 
 TEST_CASE("runtime: reduce and finalize_avg through the runtime") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   constexpr std::size_t kCount = 1001;
   std::vector<float> a(kCount), b(kCount);
   for (std::size_t i = 0; i < kCount; ++i) {
@@ -185,7 +194,8 @@ TEST_CASE("runtime: reduce and finalize_avg through the runtime") {
 }
 
 TEST_CASE("runtime: wait_flag holds the stream until the host sets the flag") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   auto* flag = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
   auto* payload = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
   *flag = 0;
@@ -213,7 +223,8 @@ TEST_CASE("runtime: wait_flag holds the stream until the host sets the flag") {
 }
 
 TEST_CASE("runtime: wait_flag gives up after its timeout; elapsed_ms measures it") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   auto* flag = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
   *flag = 0;
   StreamAndEvents se(rt, /*timing=*/true);
@@ -228,7 +239,8 @@ TEST_CASE("runtime: wait_flag gives up after its timeout; elapsed_ms measures it
 }
 
 TEST_CASE("runtime: wait_value holds a stream until another stream's write_value, which follows its work") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   // The wait_flag below is launched while the wait_value spins: loaded lazily at that launch, it
   // would wait for the device, that is for the wait_value (until its timeout). On an H200 it did.
   rt.load_kernels();
@@ -272,7 +284,8 @@ TEST_CASE("runtime: wait_value holds a stream until another stream's write_value
 }
 
 TEST_CASE("runtime: wait_value gives up after its timeout, storing on_timeout, and at once when aborted") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   auto* word = static_cast<std::uint64_t*>(rt.alloc_device(64));
   auto* abort = static_cast<std::uint32_t*>(rt.alloc_pinned(sizeof(std::uint32_t)));
   *abort = 0;
@@ -299,7 +312,8 @@ TEST_CASE("runtime: wait_value gives up after its timeout, storing on_timeout, a
 }
 
 TEST_CASE("runtime: errors name the call and the CUDA error") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   try {
     rt.set_device(rt.device_count() + 1000);
     FAIL("set_device of a device that does not exist did not throw");
@@ -316,7 +330,8 @@ TEST_CASE("runtime: errors name the call and the CUDA error") {
 }
 
 TEST_CASE("runtime: export_dmabuf covers the allocation that holds the range, or says the device has none") {
-  CudaRuntime rt;
+  auto owner = chorus::instances::make_cuda_runtime();
+  Runtime& rt = *owner;
   constexpr std::size_t kBytes = (1 << 20) + 100;  // not a multiple of the page size
   auto* d = static_cast<unsigned char*>(rt.alloc_device(kBytes));
   const long page = ::sysconf(_SC_PAGESIZE);

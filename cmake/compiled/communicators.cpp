@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// chorus::compiled (CMakeLists.txt): the communicator of every transport, compiled once. One unit
+// for all of them, so that what they share (the algorithms, the executors, the inline code of the
+// headers) is compiled once too.
+#include "chorus/chorus.hpp"
+
+#define CHORUS_DETAIL_COMMUNICATOR(T) template class chorus::Communicator<T>;
+CHORUS_COMPILED_TRANSPORTS(CHORUS_DETAIL_COMMUNICATOR)
+#undef CHORUS_DETAIL_COMMUNICATOR
