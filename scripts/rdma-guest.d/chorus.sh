@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Run by busybox sh in the Soft-RoCE guest (scripts/rdma-guest --run), with rxe0 on lo. run-tests'
 # rdma stage writes the release build's path in place of @BUILD@ (the binaries sit at the same paths
-# in the guest). Everything runs serially: rxe drops completions under heavy concurrency.
+# in the guest), and in place of @BENCH@ 1 when the benchmark rounds against perftest are asked for
+# (CHORUS_RDMA_BENCH=1), else 0: CI runs the tests and the checked all_reduce sweeps only. Everything runs serially: rxe drops completions under heavy concurrency.
 # Sections start with "CHORUS-SECTION <name>" lines (scripts/rdma-guest.d/summary.py reads them);
 # the exit status is non-zero when any test or benchmark failed.
 B=@BUILD@
+BENCH=@BENCH@
 status=0
 script_from=$(date +%s)
 section() { echo "CHORUS-SECTION $*"; }
@@ -60,7 +62,12 @@ perftest() {  # perftest <tool> <port> <args...>
 # summary.py takes the medians of the rounds that ran. The sweeps below run in any case.
 ROUNDS_BUDGET=300
 rounds_from=$(date +%s)
-for round in 1 2 3; do
+rounds="1 2 3"
+if [ "$BENCH" != 1 ]; then
+  echo "CHORUS-ROUNDS-SKIPPED: the benchmark rounds are opt-in (CHORUS_RDMA_BENCH=1)"
+  rounds=""
+fi
+for round in $rounds; do
   if [ "$round" -gt 1 ]; then
     now=$(date +%s)
     per_round=$(((now - rounds_from) / (round - 1)))
