@@ -38,14 +38,28 @@ namespace chorus::device::kernel {
 
 // --- one block -----------------------------------------------------------------------------------
 
+/// The value a block that found a mismatch leaves in this process's abort word: this call's own,
+/// so that the call's later blocks still publish their descriptors (below) while every later call
+/// gives up at once.
+CHORUS_HOST_DEVICE inline std::uint32_t mismatch_mark(const CollectiveLaunch& a) {
+  return 0x80000000u | static_cast<std::uint32_t>((a.barrier_base + 1) & 0x7fffffffu);
+}
+
 /// Thread 0 of a block that gave up: its result, the peer's descriptor for a mismatch, and (for a
-/// failure of its own, not an abort) the abort words, of this process and in this rank's area.
+/// failure of its own, not an abort) the abort words, of this process and in this rank's area. A
+/// mismatch leaves this rank's area alone: every block of every rank publishes its descriptor and
+/// the peers find the difference themselves, where an abort word seen first would tell them only
+/// that this rank gave up.
 CHORUS_HOST_DEVICE inline void report(const CollectiveLaunch& a, const BlockShared& sh, unsigned b) {
   if (sh.status == static_cast<std::uint32_t>(KernelStatus::mismatch))
     for (int w = 0; w < 4; ++w) *static_cast<volatile std::uint64_t*>(&a.report[b].peer_desc[w]) = sh.peer_desc[w];
   *static_cast<volatile std::int32_t*>(&a.result[b].peer) = sh.peer;
   store_flag(&a.result[b].status, sh.status);
   if (sh.status == static_cast<std::uint32_t>(KernelStatus::aborted)) return;
+  if (sh.status == static_cast<std::uint32_t>(KernelStatus::mismatch)) {
+    if (load_flag(a.abort) == 0) store_flag(a.abort, mismatch_mark(a));
+    return;
+  }
   store_flag(a.abort, 1);
   store_flag(abort_word(a.areas[a.rank]), 1);
 }
@@ -59,7 +73,10 @@ CHORUS_HOST_DEVICE inline void collective_block(const CollectiveLaunch& a, Block
     sh.peer = -1;
     sh.start = now_ns();
     // An earlier call failed, or the host gave up: nothing more runs (sticky, like a stream error).
-    if (load_flag(a.abort) != 0) {
+    // (A mismatch another block of this call found is no reason: this block still publishes its
+    // descriptor at its first barrier, then gives up as aborted there.)
+    const std::uint32_t abort = load_flag(a.abort);
+    if (abort != 0 && abort != mismatch_mark(a)) {
       sh.status = static_cast<std::uint32_t>(KernelStatus::aborted);
       report(a, sh, b);
     }
