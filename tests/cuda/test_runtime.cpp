@@ -19,16 +19,16 @@
 #include "cuda_runtime_instance.hpp"
 
 // device::CudaRuntime on a GPU, through the device::Runtime seam it implements (the runtime comes
-// from the build's one nvcc translation unit, cmake/instances/cuda_runtime_instance.cu): devices, memory kinds, copies and fills, streams and events,
-// reductions, wait_flag released by the host or timing out, the step flags (write_value and
-// wait_value: released, timed out, aborted), dma-buf export, and the text of its errors.
+// from the build's one nvcc translation unit, cmake/instances/cuda_runtime_instance.cu): devices,
+// memory kinds, copies and fills, streams and events, reductions, wait_flag released by the host or
+// timing out, the step flags (write_value and wait_value: released, timed out, aborted), dma-buf
+// export, and the text of its errors.
 
 namespace {
 
 using chorus::MemoryKind;
-
-using chorus::device::Runtime;
 using chorus::device::Event;
+using chorus::device::Runtime;
 using chorus::device::Stream;
 
 /// A stream and two events, destroyed at scope exit.

@@ -18,8 +18,8 @@ namespace chorus::bench {
 /// Exit status 1 when any element was wrong (or a rank failed), else 0.
 int perf_main(const Collective& collective, int argc, char** argv);
 
-/// The CUDA runtime for --device cuda (cuda_runtime.cpp: the build's one nvcc-compiled instance); where this build has no
-/// CUDA, throws unsupported saying so (no_cuda_runtime.cpp).
+/// The CUDA runtime for --device cuda (cuda_runtime.cpp: the build's one nvcc-compiled instance);
+/// where this build has no CUDA, throws unsupported saying so (no_cuda_runtime.cpp).
 std::unique_ptr<device::Runtime> make_cuda_runtime();
 
 }  // namespace chorus::bench
