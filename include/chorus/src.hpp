@@ -3,8 +3,9 @@
 /// The compiled part of chorus, for a program that builds it separately (chorus/compiled.hpp):
 /// include this from exactly one .cpp of the program, compiled, like every other unit, with
 /// CHORUS_SEPARATE_COMPILATION and BOOST_ASIO_SEPARATE_COMPILATION defined. It holds the
-/// communicator of every transport and Boost.Asio's out-of-line code. (The CMake target
-/// chorus::compiled is the same, in two units: cmake/compiled/.)
+/// communicator of every transport, the simulated device runtime (testing/sim_runtime.hpp) and
+/// Boost.Asio's out-of-line code. (The CMake target chorus::compiled is the same, in three units:
+/// cmake/compiled/.)
 
 #if !defined(CHORUS_SEPARATE_COMPILATION)
 #error "chorus/src.hpp is for a program compiled with CHORUS_SEPARATE_COMPILATION (see chorus/compiled.hpp)"
@@ -17,3 +18,7 @@
 #define CHORUS_DETAIL_COMMUNICATOR(T) template class chorus::Communicator<T>;
 CHORUS_COMPILED_TRANSPORTS(CHORUS_DETAIL_COMMUNICATOR)
 #undef CHORUS_DETAIL_COMMUNICATOR
+
+// The simulated device runtime's bodies (testing/sim_runtime.hpp).
+#include "chorus/testing/sim_runtime.hpp"
+#include "chorus/testing/sim_runtime/bodies.hpp"

@@ -324,11 +324,12 @@ class SimRuntime final : public Runtime {
 
 }  // namespace chorus::device
 
-// The bodies, one file per part of the model above.
-#include "chorus/testing/sim_runtime/faults.hpp"
-#include "chorus/testing/sim_runtime/memory.hpp"
-#include "chorus/testing/sim_runtime/ipc.hpp"
-#include "chorus/testing/sim_runtime/streams.hpp"
-#include "chorus/testing/sim_runtime/work.hpp"
-#include "chorus/testing/sim_runtime/flags.hpp"
-#include "chorus/testing/sim_runtime/collective.hpp"
+// The bodies (sim_runtime/bodies.hpp), inline here; with CHORUS_SEPARATE_COMPILATION
+// (chorus/compiled.hpp) a unit sees the declarations above only, and the bodies are compiled once,
+// in chorus::compiled (cmake/compiled/sim_runtime.cpp) or the program's chorus/src.hpp.
+#if defined(CHORUS_SEPARATE_COMPILATION)
+#define CHORUS_DETAIL_SIM_INLINE
+#else
+#define CHORUS_DETAIL_SIM_INLINE inline
+#include "chorus/testing/sim_runtime/bodies.hpp"
+#endif

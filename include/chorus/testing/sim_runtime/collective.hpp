@@ -48,12 +48,12 @@ inline std::pair<std::size_t, std::size_t> collective_operand_bytes(const Collec
 
 }  // namespace detail
 
-inline unsigned SimRuntime::collective_blocks(int sharing) {
+CHORUS_DETAIL_SIM_INLINE unsigned SimRuntime::collective_blocks(int sharing) {
   const unsigned per = sharing > 0 ? kSimMultiprocessors / static_cast<unsigned>(sharing) : kSimMultiprocessors;
   return per < 1 ? 1 : per;
 }
 
-inline void SimRuntime::launch_collective(const CollectiveLaunch& a, Stream s) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::launch_collective(const CollectiveLaunch& a, Stream s) {
   const std::size_t es = size_of(a.dtype);
   std::string why;
   if (es == 0 || !is_valid_op(a.dtype, a.op)) why = "a DataType or ReduceOp the kernels lack";
@@ -71,7 +71,7 @@ inline void SimRuntime::launch_collective(const CollectiveLaunch& a, Stream s) {
   enqueue(s, "collective", std::move(op));
 }
 
-inline void SimRuntime::run_collective(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::run_collective(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
   const CollectiveLaunch& a = *op.launch;
   // Lock order: memory_rw_ before mu_; held shared while the kernel runs, so no free returns the
   // memory under it.

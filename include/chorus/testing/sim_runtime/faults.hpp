@@ -24,7 +24,7 @@ inline constexpr std::string_view kSimCalls[] = {"alloc_device", "alloc_pinned",
                                                  "collective"};
 }  // namespace detail
 
-inline void SimRuntime::apply_env() {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::apply_env() {
   if (const auto loading = chorus::detail::env_string("CUDA_MODULE_LOADING"); loading && *loading == "EAGER")
     kernels_loaded_ = true;
   const auto v = chorus::detail::env_string("CHORUS_SIM_FAIL");
@@ -54,7 +54,7 @@ inline void SimRuntime::apply_env() {
   }
 }
 
-inline void SimRuntime::fail_after(std::string_view call, int n, int cuda_error) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::fail_after(std::string_view call, int n, int cuda_error) {
   if (std::find(std::begin(detail::kSimCalls), std::end(detail::kSimCalls), call) == std::end(detail::kSimCalls)) {
     std::string known;
     for (auto c : detail::kSimCalls) known += (known.empty() ? "" : ", ") + std::string(c);
@@ -67,7 +67,7 @@ inline void SimRuntime::fail_after(std::string_view call, int n, int cuda_error)
   injections_.insert_or_assign(std::string(call), Injection{n, cuda_error});
 }
 
-inline void SimRuntime::stall_after(std::string_view call, int n, std::chrono::milliseconds how_long) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::stall_after(std::string_view call, int n, std::chrono::milliseconds how_long) {
   const auto first_stream_call = std::begin(detail::kSimCalls) + 4;  // after the allocations and creations
   if (std::find(first_stream_call, std::end(detail::kSimCalls), call) == std::end(detail::kSimCalls) || n < 1)
     throw Error(ErrorCode::invalid_argument, "SimRuntime::stall_after: '" + std::string(call) +
@@ -76,7 +76,7 @@ inline void SimRuntime::stall_after(std::string_view call, int n, std::chrono::m
   stalls_.insert_or_assign(std::string(call), std::pair{n, how_long});
 }
 
-inline int SimRuntime::take_injection(std::string_view call) {
+CHORUS_DETAIL_SIM_INLINE int SimRuntime::take_injection(std::string_view call) {
   auto it = injections_.find(call);
   if (it == injections_.end()) return 0;
   if (--it->second.remaining > 0) return 0;

@@ -16,7 +16,7 @@ namespace chorus::device {
 
 // --- enqueued on a stream ------------------------------------------------------------------------
 
-inline void SimRuntime::wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) {
   {
     std::lock_guard lk(mu_);
     const auto* pin = pinned_allocation(flag);
@@ -31,7 +31,7 @@ inline void SimRuntime::wait_flag(Stream s, const std::uint32_t* flag, std::uint
   enqueue(s, "wait_flag", std::move(op));
 }
 
-inline void SimRuntime::write_value(Stream s, std::uint64_t* word, std::uint64_t value) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::write_value(Stream s, std::uint64_t* word, std::uint64_t value) {
   {
     std::lock_guard lk(mu_);
     const std::string why = check_device_word(word, sizeof *word, "write_value: the word");
@@ -43,7 +43,7 @@ inline void SimRuntime::write_value(Stream s, std::uint64_t* word, std::uint64_t
   enqueue(s, "write_value", std::move(op));
 }
 
-inline void SimRuntime::wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
                                    std::uint32_t on_timeout, std::uint64_t timeout_ns) {
   {
     std::lock_guard lk(mu_);
@@ -67,7 +67,7 @@ inline void SimRuntime::wait_value(Stream s, const std::uint64_t* word, std::uin
 
 // --- run by the stream's worker ------------------------------------------------------------------
 
-inline void SimRuntime::wait_for_flag(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::wait_for_flag(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(op.timeout_ns);
   auto pause = std::chrono::duration_cast<std::chrono::nanoseconds>(kFlagPollMin);
   auto* word = const_cast<std::uint32_t*>(static_cast<const std::uint32_t*>(op.a));
@@ -89,7 +89,7 @@ inline void SimRuntime::wait_for_flag(StreamState& st, const Op& op, std::unique
   }
 }
 
-inline void SimRuntime::store_word(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::store_word(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
   // Under mu_: the allocation cannot be unmapped between the check and the store. The work
   // before it on this stream is done (one worker runs the stream in order): the release store
   // publishes its writes to the processes that map the word.
@@ -103,7 +103,7 @@ inline void SimRuntime::store_word(StreamState& st, const Op& op, std::unique_lo
   std::atomic_ref<std::uint64_t>(*static_cast<std::uint64_t*>(op.dst)).store(op.word_value, std::memory_order_release);
 }
 
-inline void SimRuntime::wait_for_value(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::wait_for_value(StreamState& st, const Op& op, std::unique_lock<std::mutex>& lk) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(op.timeout_ns);
   auto pause = std::chrono::duration_cast<std::chrono::nanoseconds>(kFlagPollMin);
   auto* word = const_cast<std::uint64_t*>(static_cast<const std::uint64_t*>(op.a));

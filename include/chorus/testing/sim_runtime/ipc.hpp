@@ -43,7 +43,7 @@ inline std::string sim_memfd_name(std::uint64_t nonce, std::uint64_t serial) {
 
 // --- memory of other processes -------------------------------------------------------------------
 
-inline bool SimRuntime::can_access_peer(int device, int peer_device) {
+CHORUS_DETAIL_SIM_INLINE bool SimRuntime::can_access_peer(int device, int peer_device) {
   if (device != 0 || peer_device != 0)
     throw detail::cuda_error("cudaDeviceCanAccessPeer", detail::kCudaInvalidDevice,
                              "devices " + std::to_string(device) + " and " + std::to_string(peer_device) +
@@ -51,7 +51,7 @@ inline bool SimRuntime::can_access_peer(int device, int peer_device) {
   return true;
 }
 
-inline IpcHandle SimRuntime::ipc_export(void* base) {
+CHORUS_DETAIL_SIM_INLINE IpcHandle SimRuntime::ipc_export(void* base) {
   constexpr std::string_view call = "cudaIpcGetMemHandle";
   // Unique on memory_rw_: no operation touches the pages while they move into the memfd.
   std::unique_lock wr(memory_rw_);
@@ -77,7 +77,7 @@ inline IpcHandle SimRuntime::ipc_export(void* base) {
   return out;
 }
 
-inline int SimRuntime::memfd_of(void* base, Allocation& a, std::string_view call) {
+CHORUS_DETAIL_SIM_INLINE int SimRuntime::memfd_of(void* base, Allocation& a, std::string_view call) {
   if (a.fd >= 0) return a.fd;
   const std::size_t used = a.span - page_;
   const std::uint64_t serial = next_serial_++;
@@ -101,7 +101,7 @@ inline int SimRuntime::memfd_of(void* base, Allocation& a, std::string_view call
   return fd;
 }
 
-inline void* SimRuntime::ipc_open(const IpcHandle& handle) {
+CHORUS_DETAIL_SIM_INLINE void* SimRuntime::ipc_open(const IpcHandle& handle) {
   constexpr std::string_view call = "cudaIpcOpenMemHandle";
   detail::SimIpcHandle h;
   std::memcpy(&h, handle.bytes.data(), sizeof h);
@@ -149,7 +149,7 @@ inline void* SimRuntime::ipc_open(const IpcHandle& handle) {
   return arena_ + off;
 }
 
-inline void SimRuntime::ipc_close(void* p) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::ipc_close(void* p) {
   constexpr std::string_view call = "cudaIpcCloseMemHandle";
   std::size_t off = 0, span = 0;
   int fd = -1;
@@ -172,7 +172,7 @@ inline void SimRuntime::ipc_close(void* p) {
 
 // --- device memory for an RDMA NIC (dma-buf) -------------------------------------------------------
 
-inline Runtime::DmabufExport SimRuntime::export_dmabuf(void* p, std::size_t bytes) {
+CHORUS_DETAIL_SIM_INLINE Runtime::DmabufExport SimRuntime::export_dmabuf(void* p, std::size_t bytes) {
   constexpr std::string_view call = "cuMemGetHandleForAddressRange";
   if (refuse_dmabuf_.load(std::memory_order_relaxed))
     throw Error(ErrorCode::unsupported, "export_dmabuf: the simulated device refuses dma-buf export (refuse_dmabuf)");

@@ -20,7 +20,7 @@
 
 namespace chorus::device {
 
-inline SimRuntime::SimRuntime(std::size_t arena_bytes) {
+CHORUS_DETAIL_SIM_INLINE SimRuntime::SimRuntime(std::size_t arena_bytes) {
   const long page = ::sysconf(_SC_PAGESIZE);
   if (page > 0) page_ = static_cast<std::size_t>(page);
   arena_bytes_ = (std::max(arena_bytes, page_ * 4) + page_ - 1) / page_ * page_;
@@ -40,7 +40,7 @@ inline SimRuntime::SimRuntime(std::size_t arena_bytes) {
   }
 }
 
-inline SimRuntime::~SimRuntime() {
+CHORUS_DETAIL_SIM_INLINE SimRuntime::~SimRuntime() {
   std::vector<std::shared_ptr<StreamState>> all;
   {
     std::lock_guard lk(mu_);
@@ -63,7 +63,7 @@ inline SimRuntime::~SimRuntime() {
 
 // --- devices -----------------------------------------------------------------------------------
 
-inline void SimRuntime::set_device(int device) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::set_device(int device) {
   if (device != 0)
     throw detail::cuda_error("cudaSetDevice", detail::kCudaInvalidDevice,
                              "device " + std::to_string(device) + " (the simulation has device 0 only)");
@@ -71,13 +71,13 @@ inline void SimRuntime::set_device(int device) {
 
 // --- memory ------------------------------------------------------------------------------------
 
-inline bool SimRuntime::in_arena(const void* p) const noexcept {
+CHORUS_DETAIL_SIM_INLINE bool SimRuntime::in_arena(const void* p) const noexcept {
   const auto a = reinterpret_cast<std::uintptr_t>(arena_);
   const auto q = reinterpret_cast<std::uintptr_t>(p);
   return q >= a && q - a < arena_bytes_;
 }
 
-inline const std::pair<const std::uintptr_t, SimRuntime::Allocation>* SimRuntime::device_allocation(
+CHORUS_DETAIL_SIM_INLINE const std::pair<const std::uintptr_t, SimRuntime::Allocation>* SimRuntime::device_allocation(
     const void* p) const {
   const auto q = reinterpret_cast<std::uintptr_t>(p);
   auto it = device_.upper_bound(q);
@@ -86,7 +86,7 @@ inline const std::pair<const std::uintptr_t, SimRuntime::Allocation>* SimRuntime
   return q - it->first < std::max<std::size_t>(it->second.bytes, 1) ? &*it : nullptr;
 }
 
-inline const std::pair<const std::uintptr_t, std::size_t>* SimRuntime::pinned_allocation(const void* p) const {
+CHORUS_DETAIL_SIM_INLINE const std::pair<const std::uintptr_t, std::size_t>* SimRuntime::pinned_allocation(const void* p) const {
   const auto q = reinterpret_cast<std::uintptr_t>(p);
   auto it = pinned_.upper_bound(q);
   if (it == pinned_.begin()) return nullptr;
@@ -94,12 +94,12 @@ inline const std::pair<const std::uintptr_t, std::size_t>* SimRuntime::pinned_al
   return q - it->first < std::max<std::size_t>(it->second, 1) ? &*it : nullptr;
 }
 
-inline MemoryKind SimRuntime::kind_of(const void* p) {
+CHORUS_DETAIL_SIM_INLINE MemoryKind SimRuntime::kind_of(const void* p) {
   std::lock_guard lk(mu_);
   return device_allocation(p) != nullptr ? MemoryKind::device : MemoryKind::host;
 }
 
-inline std::size_t SimRuntime::arena_take(std::size_t span) {
+CHORUS_DETAIL_SIM_INLINE std::size_t SimRuntime::arena_take(std::size_t span) {
   // Next fit: the first free range that has room at or after rover_, else the first from the
   // start. Freed ranges are thus reused only once the arena has wrapped around.
   auto it = free_ranges_.upper_bound(rover_);
@@ -126,7 +126,7 @@ inline std::size_t SimRuntime::arena_take(std::size_t span) {
   return off;
 }
 
-inline void SimRuntime::arena_give(std::size_t offset, std::size_t span) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::arena_give(std::size_t offset, std::size_t span) {
   auto next = free_ranges_.lower_bound(offset);
   if (next != free_ranges_.end() && next->first == offset + span) {
     span += next->second;
@@ -142,7 +142,7 @@ inline void SimRuntime::arena_give(std::size_t offset, std::size_t span) {
   free_ranges_.emplace(offset, span);
 }
 
-inline void* SimRuntime::alloc_device(std::size_t bytes) {
+CHORUS_DETAIL_SIM_INLINE void* SimRuntime::alloc_device(std::size_t bytes) {
   std::lock_guard lk(mu_);
   if (const int e = take_injection("alloc_device")) throw detail::cuda_error("cudaMalloc", e, "injected");
   const std::size_t used = (std::max<std::size_t>(bytes, 1) + page_ - 1) / page_ * page_;
@@ -161,7 +161,7 @@ inline void* SimRuntime::alloc_device(std::size_t bytes) {
   return arena_ + off;
 }
 
-inline void SimRuntime::drain(std::unique_lock<std::mutex>& lk) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::drain(std::unique_lock<std::mutex>& lk) {
   std::vector<std::pair<std::shared_ptr<StreamState>, std::uint64_t>> targets;
   targets.emplace_back(default_stream_, default_stream_->enqueued);
   for (auto& [k, st] : streams_) targets.emplace_back(st, st->enqueued);
@@ -173,7 +173,7 @@ inline void SimRuntime::drain(std::unique_lock<std::mutex>& lk) {
   });
 }
 
-inline void SimRuntime::free_device(void* p) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::free_device(void* p) {
   if (p == nullptr) return;
   std::size_t off = 0, span = 0;
   int fd = -1;
@@ -198,7 +198,7 @@ inline void SimRuntime::free_device(void* p) {
   release_range(off, span, fd);
 }
 
-inline void SimRuntime::release_range(std::size_t off, std::size_t span, int fd) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::release_range(std::size_t off, std::size_t span, int fd) {
   const std::size_t used = span - page_;
   {
     // No operation that passed its check on this range is still running.
@@ -219,7 +219,7 @@ inline void SimRuntime::release_range(std::size_t off, std::size_t span, int fd)
 
 // --- pinned memory -------------------------------------------------------------------------------
 
-inline void* SimRuntime::alloc_pinned(std::size_t bytes) {
+CHORUS_DETAIL_SIM_INLINE void* SimRuntime::alloc_pinned(std::size_t bytes) {
   std::lock_guard lk(mu_);
   if (const int e = take_injection("alloc_pinned")) throw detail::cuda_error("cudaHostAlloc", e, "injected");
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + page_ - 1) / page_ * page_;
@@ -230,7 +230,7 @@ inline void* SimRuntime::alloc_pinned(std::size_t bytes) {
   return p;
 }
 
-inline void SimRuntime::free_pinned(void* p) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::free_pinned(void* p) {
   if (p == nullptr) return;
   {
     std::unique_lock lk(mu_);
@@ -250,7 +250,7 @@ inline void SimRuntime::free_pinned(void* p) {
 
 // --- checks --------------------------------------------------------------------------------------
 
-inline std::string SimRuntime::check_device_range(const void* p, std::size_t bytes, std::string_view what) const {
+CHORUS_DETAIL_SIM_INLINE std::string SimRuntime::check_device_range(const void* p, std::size_t bytes, std::string_view what) const {
   const auto* a = device_allocation(p);
   const std::string range = std::string(what) + " [" + detail::hex(p) + ", +" + std::to_string(bytes) + ")";
   if (a == nullptr) return range + " is not in a live device allocation";
@@ -260,13 +260,13 @@ inline std::string SimRuntime::check_device_range(const void* p, std::size_t byt
   return {};
 }
 
-inline std::string SimRuntime::check_device_word(const void* p, std::size_t bytes, std::string_view what) const {
+CHORUS_DETAIL_SIM_INLINE std::string SimRuntime::check_device_word(const void* p, std::size_t bytes, std::string_view what) const {
   if (reinterpret_cast<std::uintptr_t>(p) % bytes != 0)
     return std::string(what) + " " + detail::hex(p) + " is not aligned to " + std::to_string(bytes) + " bytes";
   return check_device_range(p, bytes, what);
 }
 
-inline std::string SimRuntime::check_any_range(const void* p, std::size_t bytes, std::string_view what) const {
+CHORUS_DETAIL_SIM_INLINE std::string SimRuntime::check_any_range(const void* p, std::size_t bytes, std::string_view what) const {
   if (in_arena(p)) return check_device_range(p, bytes, what);
   if (p == nullptr) return std::string(what) + " is null";
   if (const auto* pin = pinned_allocation(p)) {

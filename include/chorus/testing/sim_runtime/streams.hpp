@@ -18,13 +18,13 @@ namespace chorus::device {
 
 // --- streams and events --------------------------------------------------------------------------
 
-inline std::shared_ptr<SimRuntime::StreamState> SimRuntime::start_stream() {
+CHORUS_DETAIL_SIM_INLINE std::shared_ptr<SimRuntime::StreamState> SimRuntime::start_stream() {
   auto st = std::make_shared<StreamState>();
   st->worker = std::thread([this, st] { run(st); });
   return st;
 }
 
-inline std::shared_ptr<SimRuntime::StreamState> SimRuntime::stream_of(Stream s, std::string_view call) {
+CHORUS_DETAIL_SIM_INLINE std::shared_ptr<SimRuntime::StreamState> SimRuntime::stream_of(Stream s, std::string_view call) {
   if (s == nullptr) return default_stream_;
   auto it = streams_.find(reinterpret_cast<const StreamState*>(s));
   if (it == streams_.end())
@@ -32,19 +32,19 @@ inline std::shared_ptr<SimRuntime::StreamState> SimRuntime::stream_of(Stream s, 
   return it->second;
 }
 
-inline std::shared_ptr<SimRuntime::EventState> SimRuntime::event_of(Event e, std::string_view call) {
+CHORUS_DETAIL_SIM_INLINE std::shared_ptr<SimRuntime::EventState> SimRuntime::event_of(Event e, std::string_view call) {
   auto it = events_.find(reinterpret_cast<const EventState*>(e));
   if (it == events_.end())
     throw detail::cuda_error(call, detail::kCudaInvalidHandle, "event " + detail::hex(e) + " is not a live event");
   return it->second;
 }
 
-inline void SimRuntime::throw_if_failed(const StreamState& st) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::throw_if_failed(const StreamState& st) {
   if (st.error)
     throw Error(means_no_gpu(st.error->cuda_error) ? ErrorCode::unsupported : ErrorCode::system, st.error->text);
 }
 
-inline void SimRuntime::reap_retired() {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::reap_retired() {
   for (auto it = retired_.begin(); it != retired_.end();) {
     if ((*it)->exited && (*it)->worker.joinable()) {
       (*it)->worker.join();  // it has exited: returns at once
@@ -55,7 +55,7 @@ inline void SimRuntime::reap_retired() {
   }
 }
 
-inline Stream SimRuntime::create_stream() {
+CHORUS_DETAIL_SIM_INLINE Stream SimRuntime::create_stream() {
   std::lock_guard lk(mu_);
   if (const int e = take_injection("create_stream"))
     throw detail::cuda_error("cudaStreamCreateWithFlags", e, "injected");
@@ -66,7 +66,7 @@ inline Stream SimRuntime::create_stream() {
   return reinterpret_cast<Stream>(const_cast<StreamState*>(key));
 }
 
-inline void SimRuntime::destroy_stream(Stream s) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::destroy_stream(Stream s) {
   std::lock_guard lk(mu_);
   if (s == nullptr)
     throw detail::cuda_error("cudaStreamDestroy", detail::kCudaInvalidHandle, "the null stream is not destroyed");
@@ -79,7 +79,7 @@ inline void SimRuntime::destroy_stream(Stream s) {
   reap_retired();
 }
 
-inline Event SimRuntime::create_event(bool timing) {
+CHORUS_DETAIL_SIM_INLINE Event SimRuntime::create_event(bool timing) {
   std::lock_guard lk(mu_);
   if (const int e = take_injection("create_event")) throw detail::cuda_error("cudaEventCreateWithFlags", e, "injected");
   auto ev = std::make_shared<EventState>();
@@ -89,13 +89,13 @@ inline Event SimRuntime::create_event(bool timing) {
   return reinterpret_cast<Event>(const_cast<EventState*>(key));
 }
 
-inline void SimRuntime::destroy_event(Event e) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::destroy_event(Event e) {
   std::lock_guard lk(mu_);
   auto ev = event_of(e, "cudaEventDestroy");
   events_.erase(ev.get());  // a record still queued keeps its state alive
 }
 
-inline void SimRuntime::record(Event e, Stream s) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::record(Event e, Stream s) {
   std::lock_guard lk(mu_);
   auto ev = event_of(e, "cudaEventRecord");
   auto st = stream_of(s, "cudaEventRecord");
@@ -110,7 +110,7 @@ inline void SimRuntime::record(Event e, Stream s) {
   st->cv.notify_one();
 }
 
-inline bool SimRuntime::query(Event e) {
+CHORUS_DETAIL_SIM_INLINE bool SimRuntime::query(Event e) {
   std::lock_guard lk(mu_);
   auto ev = event_of(e, "cudaEventQuery");
   if (!ev->stream) return true;  // never recorded: complete, as in CUDA
@@ -118,7 +118,7 @@ inline bool SimRuntime::query(Event e) {
   return ev->stream->completed >= ev->position;
 }
 
-inline void SimRuntime::synchronize(Event e) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::synchronize(Event e) {
   std::unique_lock lk(mu_);
   auto ev = event_of(e, "cudaEventSynchronize");
   if (!ev->stream) return;
@@ -128,7 +128,7 @@ inline void SimRuntime::synchronize(Event e) {
   throw_if_failed(*st);
 }
 
-inline void SimRuntime::synchronize(Stream s) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::synchronize(Stream s) {
   std::unique_lock lk(mu_);
   auto st = stream_of(s, "cudaStreamSynchronize");
   const std::uint64_t target = st->enqueued;
@@ -136,7 +136,7 @@ inline void SimRuntime::synchronize(Stream s) {
   throw_if_failed(*st);
 }
 
-inline void SimRuntime::wait(Stream s, Event e) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::wait(Stream s, Event e) {
   std::lock_guard lk(mu_);
   auto ev = event_of(e, "cudaStreamWaitEvent");
   auto st = stream_of(s, "cudaStreamWaitEvent");
@@ -150,7 +150,7 @@ inline void SimRuntime::wait(Stream s, Event e) {
   st->cv.notify_one();
 }
 
-inline float SimRuntime::elapsed_ms(Event start, Event end) {
+CHORUS_DETAIL_SIM_INLINE float SimRuntime::elapsed_ms(Event start, Event end) {
   std::lock_guard lk(mu_);
   auto a = event_of(start, "cudaEventElapsedTime");
   auto b = event_of(end, "cudaEventElapsedTime");
@@ -165,7 +165,7 @@ inline float SimRuntime::elapsed_ms(Event start, Event end) {
 
 // --- the workers ---------------------------------------------------------------------------------
 
-inline void SimRuntime::run(const std::shared_ptr<StreamState>& st) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::run(const std::shared_ptr<StreamState>& st) {
   std::unique_lock lk(mu_);
   for (;;) {
     st->cv.wait(lk, [&] { return stopping_ || !st->queue.empty() || st->closing; });

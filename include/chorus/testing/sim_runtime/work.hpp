@@ -40,12 +40,12 @@ constexpr std::string_view sim_call_name(std::string_view call) noexcept {
 
 // --- work enqueued on a stream -------------------------------------------------------------------
 
-inline void SimRuntime::load_kernels() {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::load_kernels() {
   std::lock_guard lk(mu_);
   kernels_loaded_ = true;
 }
 
-inline void SimRuntime::load_on_launch(const Op& op, std::string_view call) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::load_on_launch(const Op& op, std::string_view call) {
   if (kernels_loaded_) return;
   std::uint32_t key = static_cast<std::uint32_t>(op.kind) << 16;
   const bool per_op = op.kind == OpKind::reduce || op.kind == OpKind::reduce_many || op.kind == OpKind::collective;
@@ -64,7 +64,7 @@ inline void SimRuntime::load_on_launch(const Op& op, std::string_view call) {
   loaded_.insert(key);
 }
 
-inline void SimRuntime::enqueue(Stream s, std::string_view call, Op op) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::enqueue(Stream s, std::string_view call, Op op) {
   std::lock_guard lk(mu_);
   auto st = stream_of(s, detail::sim_call_name(call));
   throw_if_failed(*st);
@@ -80,7 +80,7 @@ inline void SimRuntime::enqueue(Stream s, std::string_view call, Op op) {
   st->cv.notify_one();
 }
 
-inline void SimRuntime::copy(void* dst, const void* src, std::size_t bytes, Stream s) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::copy(void* dst, const void* src, std::size_t bytes, Stream s) {
   if (bytes == 0) return;
   Op op(OpKind::copy);
   op.dst = dst;
@@ -89,7 +89,7 @@ inline void SimRuntime::copy(void* dst, const void* src, std::size_t bytes, Stre
   enqueue(s, "copy", std::move(op));
 }
 
-inline void SimRuntime::fill(void* dst, int byte, std::size_t bytes, Stream s) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::fill(void* dst, int byte, std::size_t bytes, Stream s) {
   if (bytes == 0) return;
   Op op(OpKind::fill);
   op.dst = dst;
@@ -98,7 +98,7 @@ inline void SimRuntime::fill(void* dst, int byte, std::size_t bytes, Stream s) {
   enqueue(s, "fill", std::move(op));
 }
 
-inline void SimRuntime::reduce(ReduceOp rop, DataType dt, void* out, const void* a, const void* b,
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::reduce(ReduceOp rop, DataType dt, void* out, const void* a, const void* b,
                                std::size_t count, Stream s) {
   const std::size_t size = size_of(dt);
   if (size == 0 || !is_valid_op(dt, rop) || count > SIZE_MAX / size)
@@ -116,7 +116,7 @@ inline void SimRuntime::reduce(ReduceOp rop, DataType dt, void* out, const void*
   enqueue(s, "reduce", std::move(op));
 }
 
-inline void SimRuntime::reduce_many(ReduceOp rop, DataType dt, void* out, const void* const* srcs, int n,
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::reduce_many(ReduceOp rop, DataType dt, void* out, const void* const* srcs, int n,
                                     std::size_t count, Stream s) {
   check_reduce_many_inputs(srcs, n, "reduce_many");
   const std::size_t size = size_of(dt);
@@ -135,7 +135,7 @@ inline void SimRuntime::reduce_many(ReduceOp rop, DataType dt, void* out, const 
   enqueue(s, "reduce_many", std::move(op));
 }
 
-inline void SimRuntime::finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) {
   const std::size_t size = size_of(dt);
   if (size == 0 || world_size <= 0 || count > SIZE_MAX / size)
     throw detail::cuda_error("finalize_avg_async", detail::kCudaInvalidValue,
@@ -152,7 +152,7 @@ inline void SimRuntime::finalize_avg(DataType dt, void* data, std::size_t count,
 
 // --- run by the stream's worker ------------------------------------------------------------------
 
-inline void SimRuntime::execute(StreamState& st, Op& op, std::unique_lock<std::mutex>& lk) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::execute(StreamState& st, Op& op, std::unique_lock<std::mutex>& lk) {
   switch (op.kind) {
     case OpKind::record:
       if (op.event->generation == op.generation) {
@@ -194,7 +194,7 @@ inline void SimRuntime::execute(StreamState& st, Op& op, std::unique_lock<std::m
   }
 }
 
-inline void SimRuntime::execute_memory(StreamState& st, Op& op, std::unique_lock<std::mutex>& lk) {
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::execute_memory(StreamState& st, Op& op, std::unique_lock<std::mutex>& lk) {
   std::string_view call;
   switch (op.kind) {
     case OpKind::copy: call = "cudaMemcpyAsync"; break;
