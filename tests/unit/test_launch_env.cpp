@@ -102,13 +102,101 @@ TEST_CASE("Slurm") {
   CHECK(l->world_size == 16);
   CHECK(l->local_rank == 3);
   CHECK(l->local_size == -1);
-  // An uneven layout ("2(x3)") is not a local size; a plain number is.
+  // A list of several nodes without SLURM_NODEID says nothing about this node; a plain number
+  // (--ntasks-per-node) is every node's.
   l = detect_launch(env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "6"}, {"SLURM_NTASKS_PER_NODE", "2(x3)"}}));
   REQUIRE(l);
   CHECK(l->local_size == -1);
   l = detect_launch(env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "6"}, {"SLURM_NTASKS_PER_NODE", "2"}}));
   REQUIRE(l);
   CHECK(l->local_size == 2);
+  l = detect_launch(env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_NODEID", "2"}}));
+  REQUIRE(l);
+  CHECK(l->local_size == 2);
+}
+
+TEST_CASE("Slurm: uneven layouts, the local size of each node") {
+  // srun -n 3 -N 2 (seen with Slurm 22.05): SLURM_STEP_TASKS_PER_NODE=2,1 on every task.
+  auto task = [](const char* rank, const char* node, const char* local, std::string per_node, const char* n = "3") {
+    return detect_launch(env({{"SLURM_PROCID", rank}, {"SLURM_NTASKS", n}, {"SLURM_NODEID", node}, {"SLURM_LOCALID", local},
+                              {"SLURM_STEP_TASKS_PER_NODE", per_node}, {"SLURM_TASKS_PER_NODE", per_node}}));
+  };
+  auto l = task("0", "0", "0", "2,1");
+  CHECK(l->local_rank == 0);
+  CHECK(l->local_size == 2);
+  l = task("1", "0", "1", "2,1");
+  CHECK(l->local_size == 2);
+  l = task("2", "1", "0", "2,1");
+  CHECK(l->local_rank == 0);
+  CHECK(l->local_size == 1);
+  // 2(x3),1: nodes 0-2 have 2 tasks, node 3 one.
+  for (const char* node : {"0", "1", "2"}) CHECK(task("0", node, "1", "2(x3),1", "7")->local_size == 2);
+  CHECK(task("6", "3", "0", "2(x3),1", "7")->local_size == 1);
+  CHECK(task("0", "1", "0", "1,3(x2),2", "9")->local_size == 3);
+  CHECK(task("0", "3", "0", "1,3(x2),2", "9")->local_size == 2);
+  // The step's list comes first: SLURM_TASKS_PER_NODE may be the whole allocation's.
+  l = detect_launch(env({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODEID", "1"},
+                         {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}, {"SLURM_TASKS_PER_NODE", "4(x4)"}}));
+  CHECK(l->local_size == 1);
+  l = detect_launch(env({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"}, {"SLURM_NODEID", "1"}, {"SLURM_TASKS_PER_NODE", "2,1"}}));
+  CHECK(l->local_size == 1);
+  // One node: no SLURM_NODEID needed.
+  l = detect_launch(env({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_TASKS_PER_NODE", "4"}}));
+  CHECK(l->local_size == 4);
+  // SLURM_LOCALID beyond this node's tasks.
+  CHECK(mentions(refusal({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "3"}, {"SLURM_NODEID", "1"}, {"SLURM_LOCALID", "1"},
+                          {"SLURM_STEP_TASKS_PER_NODE", "2,1"}}),
+                 "SLURM_LOCALID=1 is out of range"));
+}
+
+TEST_CASE("Slurm's tasks per node: the parser") {
+  using chorus::slurm_tasks_per_node;
+  auto runs = [](std::string_view v) {
+    std::string s;
+    for (const auto& r : slurm_tasks_per_node(v, "V").runs) s += std::to_string(r.tasks) + "x" + std::to_string(r.nodes) + " ";
+    return s;
+  };
+  CHECK(runs("2") == "2x1 ");
+  CHECK(runs("2,1") == "2x1 1x1 ");
+  CHECK(runs("2(x3)") == "2x3 ");
+  CHECK(runs("2(x3),1") == "2x3 1x1 ");
+  CHECK(runs("1,16(x2),3(x1)") == "1x1 16x2 3x1 ");
+  CHECK(runs("007(x02)") == "7x2 ");
+  const auto l = slurm_tasks_per_node("2(x3),1", "V");
+  CHECK(l.nodes() == 4);
+  CHECK(l.tasks() == 7);
+  CHECK(l.on_node(0) == 2);
+  CHECK(l.on_node(2) == 2);
+  CHECK(l.on_node(3) == 1);
+  CHECK(l.on_node(4) == -1);
+  CHECK(slurm_tasks_per_node("16777216(x16777216)", "V").tasks() == std::int64_t(1) << 48);
+  // Garbage: an error naming the variable, the value and the entry.
+  for (const char* bad : {"", ",", "2,", ",2", "2,,1", "x", "2(x)", "2(3)", "2(x3", "2x3", "2(x3))", "2(x3)1", "(x3)",
+                          "2(x0)", "0", "-1", "+2", " 2", "2 ", "2(x 3)", "two", "2(x3),1(x2", "2((x3))",
+                          "999999999", "2(x16777217)", "16777216(x16777216),1(x1)", "2;1", "2(y3)"}) {
+    CAPTURE(bad);
+    try {
+      slurm_tasks_per_node(bad, "SLURM_STEP_TASKS_PER_NODE");
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      CHECK(mentions(e.what(), "SLURM_STEP_TASKS_PER_NODE='" + std::string(bad) + "'"));
+      CHECK(mentions(e.what(), "like 2(x3),1"));
+    }
+  }
+  // Through detect_launch: the error names this task's rank and the variable.
+  std::string what = refusal({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "1"},
+                              {"SLURM_STEP_TASKS_PER_NODE", "2(x2"}});
+  CHECK(mentions(what, "rank 3 (from SLURM_PROCID, before rank assignment)"));
+  CHECK(mentions(what, "SLURM_STEP_TASKS_PER_NODE='2(x2'"));
+  CHECK(mentions(what, "entry '2(x2'"));
+  what = refusal({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
+  CHECK(mentions(what, "rank 3"));
+  CHECK(mentions(what, "SLURM_NODEID=2 is past the 2 nodes"));
+  what = refusal({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_NODEID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
+  CHECK(mentions(what, "adds up to 4 tasks, but SLURM_NTASKS=5"));
+  what = refusal({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "x"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
+  CHECK(mentions(what, "SLURM_NODEID"));
 }
 
 TEST_CASE("precedence: the innermost launcher wins") {

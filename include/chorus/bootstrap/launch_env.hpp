@@ -8,8 +8,11 @@
 /// | torchrun | RANK                 | WORLD_SIZE           | LOCAL_RANK                 | LOCAL_WORLD_SIZE           |
 /// | openmpi  | OMPI_COMM_WORLD_RANK | OMPI_COMM_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_SIZE |
 /// | mpich    | PMI_RANK             | PMI_SIZE             | MPI_LOCALRANKID            | MPI_LOCALNRANKS            |
-/// | slurm    | SLURM_PROCID         | SLURM_NTASKS         | SLURM_LOCALID              | SLURM_NTASKS_PER_NODE (*)  |
-/// (*) only when it is a plain number (Slurm writes "2(x3)" for uneven layouts).
+/// | slurm    | SLURM_PROCID         | SLURM_NTASKS         | SLURM_LOCALID              | (*)                        |
+/// (*) this node's entry of the step's tasks per node, SLURM_STEP_TASKS_PER_NODE (else
+/// SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE), at index SLURM_NODEID: Slurm's compressed
+/// list, "2(x3),1" for 2 tasks on each of the first three nodes and 1 on the fourth
+/// (slurm_tasks_per_node). `srun -n 3 -N 2` sets "2,1": local sizes 2 and 1.
 ///
 /// Precedence is the table's order: the innermost launcher wins (torchrun started by srun sets
 /// RANK next to SLURM_PROCID; mpirun inside an allocation sets OMPI_* next to SLURM_*).
@@ -38,6 +41,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "chorus/core/error.hpp"
 #include "chorus/detail/env.hpp"
@@ -80,7 +84,7 @@ inline constexpr Launcher kLaunchers[] = {
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"},
     {"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"},
 };
 
 }  // namespace detail
@@ -176,6 +180,81 @@ inline std::optional<std::string> slurm_master_host(const GetEnv& getenv) {
   return std::nullopt;
 }
 
+/// Slurm's tasks per node, as SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE and
+/// SLURM_NTASKS_PER_NODE write them: comma-separated entries, each "<tasks>" for one node or
+/// "<tasks>(x<nodes>)" for that many nodes in a row. "2(x3),1" is 2, 2, 2, 1.
+struct SlurmTasksPerNode {
+  struct Run {
+    int tasks = 0;  ///< on each node of the run, >= 1
+    int nodes = 0;  ///< >= 1
+  };
+  std::vector<Run> runs;
+
+  /// Nodes in all.
+  std::int64_t nodes() const {
+    std::int64_t n = 0;
+    for (const auto& r : runs) n += r.nodes;
+    return n;
+  }
+  /// Tasks in all.
+  std::int64_t tasks() const {
+    std::int64_t n = 0;
+    for (const auto& r : runs) n += std::int64_t(r.tasks) * r.nodes;
+    return n;
+  }
+  /// The tasks on node `node` (0-based), or -1 past the last node.
+  int on_node(std::int64_t node) const {
+    for (const auto& r : runs) {
+      if (node < r.nodes) return r.tasks;
+      node -= r.nodes;
+    }
+    return -1;
+  }
+};
+
+/// Parses Slurm's tasks-per-node list (SlurmTasksPerNode); `what` names the variable. Anything
+/// else (an empty entry, "2(x)", "2(3)", "x3", "0", a sign, spaces, text after ')') is
+/// invalid_argument naming `what`, the value and the entry at fault.
+inline SlurmTasksPerNode slurm_tasks_per_node(std::string_view value, std::string_view what) {
+  constexpr std::int64_t kMax = 1 << 24;
+  auto bad = [&](std::string_view entry, const std::string& why) {
+    return Error(ErrorCode::invalid_argument,
+                 std::string(what) + "='" + std::string(value) + "' is not Slurm's tasks per node (like 2(x3),1): entry '" +
+                     std::string(entry) + "' " + why);
+  };
+  auto number = [&](std::string_view entry, std::string_view digits, const char* role) {
+    if (digits.empty() || digits.size() > 8 || digits.find_first_not_of("0123456789") != std::string_view::npos)
+      throw bad(entry, std::string("has no plain number of ") + role);
+    const std::int64_t v = std::stoll(std::string(digits));
+    if (v < 1 || v > kMax) throw bad(entry, std::string("has ") + role + " out of range 1.." + std::to_string(kMax));
+    return static_cast<int>(v);
+  };
+  SlurmTasksPerNode out;
+  std::int64_t nodes = 0;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t end = std::min(value.find(',', start), value.size());
+    const std::string_view entry = value.substr(start, end - start);
+    if (entry.empty()) throw bad(entry, "is empty");
+    SlurmTasksPerNode::Run run;
+    const std::size_t open = entry.find('(');
+    if (open == std::string_view::npos) {
+      run = {number(entry, entry, "tasks"), 1};
+    } else {
+      if (entry.back() != ')' || entry.substr(open + 1, 1) != "x" || entry.find('(', open + 1) != std::string_view::npos)
+        throw bad(entry, "is not <tasks> or <tasks>(x<nodes>)");
+      run = {number(entry, entry.substr(0, open), "tasks"),
+             number(entry, entry.substr(open + 2, entry.size() - open - 3), "nodes")};
+    }
+    nodes += run.nodes;
+    if (nodes > kMax) throw bad(entry, "brings the nodes past " + std::to_string(kMax));
+    out.runs.push_back(run);
+    if (end == value.size()) break;
+    start = end + 1;
+  }
+  return out;
+}
+
 /// The KVS name Hydra's PMI-1 server gives this rank, over the connected socket PMI_FD names:
 /// "cmd=init", "cmd=get_my_kvsname", then "cmd=finalize" (Hydra takes a rank that exits after
 /// init without finalize for a failed one, and kills the job's other ranks). Nullopt when PMI_FD
@@ -223,6 +302,38 @@ inline std::optional<std::string> hydra_kvs_name(const GetEnv& getenv,
   return name;
 }
 
+/// This task's local size under srun (the table at the top of this file): the entry at
+/// SLURM_NODEID of the first of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE and
+/// SLURM_NTASKS_PER_NODE that is set (without SLURM_NODEID, only a list of one node says); -1
+/// when none is set. A list that does not parse, a SLURM_NODEID past its nodes, or a step's list
+/// whose tasks do not add up to `world_size` (SLURM_NTASKS) is invalid_argument naming the
+/// variable and this task's rank.
+inline int slurm_local_size(const GetEnv& getenv, int world_size) {
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"}) {
+    const auto v = getenv(name);
+    if (!v) continue;
+    try {
+      const SlurmTasksPerNode list = slurm_tasks_per_node(*v, name);
+      if (std::string_view(name) == "SLURM_STEP_TASKS_PER_NODE" && list.tasks() != world_size)
+        throw Error(ErrorCode::invalid_argument, std::string(name) + "='" + *v + "' adds up to " +
+                                                     std::to_string(list.tasks()) + " tasks, but SLURM_NTASKS=" +
+                                                     std::to_string(world_size));
+      if (list.nodes() == 1) return list.on_node(0);  // one node, or (--ntasks-per-node) every node
+      const auto node_text = getenv("SLURM_NODEID");
+      if (!node_text) return -1;  // several nodes, and nothing says which one this is
+      const int tasks = list.on_node(detail::parse_int(*node_text, "SLURM_NODEID", 0, std::int64_t(1) << 24));
+      if (tasks < 0)
+        throw Error(ErrorCode::invalid_argument, "SLURM_NODEID=" + *node_text + " is past the " +
+                                                     std::to_string(list.nodes()) + " nodes of " + name + "='" + *v + "'");
+      return tasks;
+    } catch (const Error& e) {
+      const std::string message = std::string(e.what()).substr(Error::format(e.code(), "").size());
+      throw Error(ErrorCode::invalid_argument, rank_label(-1, getenv) + ": " + message);
+    }
+  }
+  return -1;
+}
+
 /// The launch described by the variables `getenv` returns (injectable for tests), or nullopt
 /// when no known launcher's variables are set.
 inline std::optional<LaunchInfo> detect_launch(const GetEnv& getenv) {
@@ -241,15 +352,20 @@ inline std::optional<LaunchInfo> detect_launch(const GetEnv& getenv) {
     if (info.rank >= info.world_size)
       throw Error(ErrorCode::invalid_argument, std::string(l.rank) + "=" + *rank + " is out of range for " + l.size +
                                                    "=" + *size);
-    if (auto ls = getenv(l.local_size)) {
-      const bool slurm_list = std::string_view(l.source) == "slurm" && ls->find_first_not_of("0123456789") != std::string::npos;
-      if (!slurm_list) info.local_size = static_cast<int>(detail::parse_int(*ls, l.local_size, 1, kMaxRanks));
+    if (std::string_view(l.source) == "slurm") {
+      info.local_size = slurm_local_size(getenv, info.world_size);
+    } else if (auto ls = getenv(l.local_size)) {
+      info.local_size = static_cast<int>(detail::parse_int(*ls, l.local_size, 1, kMaxRanks));
     }
     if (auto lr = getenv(l.local_rank)) {
       info.local_rank = static_cast<int>(detail::parse_int(*lr, l.local_rank, 0, kMaxRanks - 1));
+      const bool slurm = std::string_view(l.source) == "slurm";
       if (info.local_size > 0 && info.local_rank >= info.local_size)
-        throw Error(ErrorCode::invalid_argument, std::string(l.local_rank) + "=" + *lr + " is out of range for " +
-                                                     l.local_size + "=" + std::to_string(info.local_size));
+        throw Error(ErrorCode::invalid_argument,
+                    (slurm ? rank_label(-1, getenv) + ": " : std::string()) + l.local_rank + "=" + *lr +
+                        " is out of range for " +
+                        (slurm ? "this node's " + std::to_string(info.local_size) + " task(s) (Slurm's tasks per node at SLURM_NODEID)"
+                               : std::string(l.local_size) + "=" + std::to_string(info.local_size)));
     }
     info.job_id = launch_job_id(info.source, getenv);
     return info;
