@@ -400,6 +400,42 @@ TEST_CASE("env:// under srun without MASTER_ADDR: the first host of the node lis
   CHECK_FALSE(chorus::master_addr(env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_JOB_NODELIST", "n1"}})).has_value());
 }
 
+TEST_CASE("env:// under srun without MASTER_PORT: a port derived from the job and step") {
+  std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_NODELIST", "n[3-4]"},
+                                              {"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "0"}};
+  auto m = env_method(slurm);
+  CHECK(m.host == "n3");
+  CHECK(m.port == 15016);  // 15000 + (16 x 1 + 0) mod 15000
+  CHECK(mentions(m.port_origin, "SLURM_JOB_ID=1 and SLURM_STEP_ID=0"));
+  slurm["SLURM_STEP_ID"] = "5";
+  CHECK(env_method(slurm).port == 15021);
+  slurm["SLURM_JOB_ID"] = "123456";  // 16 x 123456 + 5 = 1975301, mod 15000 = 10301
+  CHECK(env_method(slurm).port == 25301);
+  slurm["SLURM_JOB_ID"] = "937";  // 16 x 937 + 5 = 14997: the top of the range ...
+  slurm["SLURM_STEP_ID"] = "2";
+  CHECK(env_method(slurm).port == 29994);
+  slurm["SLURM_STEP_ID"] = "8";  // ... and past it, back to the bottom
+  CHECK(env_method(slurm).port == 15000);
+  slurm.erase("SLURM_STEP_ID");  // unset counts as step 0
+  CHECK(env_method(slurm).port == 29992);
+  // Every task of a step gets the same port, whatever its rank.
+  slurm["SLURM_PROCID"] = "3";
+  CHECK(env_method(slurm).port == 29992);
+  // MASTER_PORT wins, and then nothing is derived.
+  slurm["MASTER_PORT"] = "29500";
+  CHECK(env_method(slurm).port == 29500);
+  CHECK(env_method(slurm).port_origin.empty());
+  slurm.erase("MASTER_PORT");
+  slurm["SLURM_JOB_ID"] = "12x";
+  CHECK(mentions(env_refusal(slurm), "SLURM_JOB_ID"));
+  slurm["SLURM_JOB_ID"] = "12";
+  slurm["SLURM_STEP_ID"] = "-1";
+  CHECK(mentions(env_refusal(slurm), "SLURM_STEP_ID"));
+  // Not under srun: no port is derived from a stray SLURM_JOB_ID.
+  const auto what = env_refusal({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"SLURM_JOB_ID", "7"}});
+  CHECK(mentions(what, "needs MASTER_PORT"));
+}
+
 TEST_CASE("Hydra's PMI server names the job") {
   int fds[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);

@@ -12,7 +12,8 @@
 ///    programs under torchrun"). Without MASTER_ADDR, the rendezvous finds the store itself
 ///    (docs/environment.md): under mpirun with every rank on this host, a file store named after the launcher's job id
 ///    that the ranks remove once all have opened it; under srun, the first host of the node list
-///    (MASTER_PORT still needed); across hosts, an error that asks for MASTER_ADDR and
+///    and, without MASTER_PORT, a port derived from the job and step ids; across hosts, an error
+///    that asks for MASTER_ADDR and
 ///    MASTER_PORT (mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...).
 
 #include <chrono>

@@ -28,6 +28,8 @@
 ///     (hydra_kvs_name).
 ///   * rank 0's host under Slurm: the first host of SLURM_STEP_NODELIST (srun puts task 0
 ///     there), else of SLURM_JOB_NODELIST, in Slurm's hostlist syntax (slurm_first_host).
+///   * the store's port under Slurm when MASTER_PORT is not set: derived from SLURM_JOB_ID and
+///     SLURM_STEP_ID (slurm_master_port), so every task of the step computes the same one.
 
 #include <poll.h>
 #include <unistd.h>
@@ -253,6 +255,22 @@ inline SlurmTasksPerNode slurm_tasks_per_node(std::string_view value, std::strin
     start = end + 1;
   }
   return out;
+}
+
+/// The store's port under Slurm when MASTER_PORT is not set: 15000 + (16 x SLURM_JOB_ID +
+/// SLURM_STEP_ID) mod 15000, from 15000 to 29999, below Linux's ephemeral ports (32768 and up by
+/// default), so no outgoing connection holds it by chance. Every task of a step computes the same
+/// port; the steps of one job differ (16 steps before the formula wraps), as do consecutive jobs.
+/// Nullopt when SLURM_JOB_ID is not set; a SLURM_JOB_ID or SLURM_STEP_ID that is not a number is
+/// invalid_argument naming it. SLURM_STEP_ID unset counts as 0.
+inline std::optional<std::uint16_t> slurm_master_port(const GetEnv& getenv) {
+  const auto job = getenv("SLURM_JOB_ID");
+  if (!job) return std::nullopt;
+  constexpr std::int64_t kMaxId = std::int64_t(1) << 40;
+  const auto job_id = detail::parse_int(*job, "SLURM_JOB_ID", 0, kMaxId);
+  const auto step = getenv("SLURM_STEP_ID");
+  const auto step_id = step ? detail::parse_int(*step, "SLURM_STEP_ID", 0, kMaxId) : 0;
+  return static_cast<std::uint16_t>(15000 + (16 * job_id + step_id) % 15000);
 }
 
 /// The KVS name Hydra's PMI-1 server gives this rank, over the connected socket PMI_FD names:

@@ -13,7 +13,8 @@
 ///                           client, under "chorus/torchelastic/attempt_<restart count>/"
 ///                           (torch_store.hpp). Without MASTER_ADDR:
 ///                           under srun, MASTER_ADDR is the first host of the step's node list
-///                           (MASTER_PORT still required); under mpirun (Open MPI, MPICH) with
+///                           and, without MASTER_PORT, the port is derived from SLURM_JOB_ID and
+///                           SLURM_STEP_ID (slurm_master_port); under mpirun (Open MPI, MPICH) with
 ///                           every rank on this host, a FileStore in $TMPDIR (else /tmp) named
 ///                           after the launcher's job id (job_file_store); otherwise
 ///                           invalid_argument saying what to set;
@@ -65,6 +66,10 @@ struct InitMethod {
   /// file: the store of a one-host mpirun job without MASTER_ADDR (job_file_store), whose name
   /// the ranks remove once every one has opened it.
   bool job_file = false;
+  /// tcp: where the port came from when no variable or URL named it ("derived from
+  /// SLURM_JOB_ID=12 and SLURM_STEP_ID=0"), for the errors of a port another program holds;
+  /// empty otherwise.
+  std::string port_origin;
 };
 
 /// The job id where a launcher's variables carry none: MPICH/Hydra's KVS name (asked of its PMI
@@ -122,16 +127,28 @@ inline InitMethod parse_init_method(const std::string& method, const GetEnv& get
   if (method.empty() || method == "env://") {
     auto addr = master_addr(getenv);
     if (!addr) return job_file_or_refusal(getenv, job_id_lookup);
-    auto port = getenv("MASTER_PORT");
-    if (!port)
-      throw Error(ErrorCode::invalid_argument,
-                  "init_method env:// needs MASTER_PORT; it is not set" +
-                      (getenv("MASTER_ADDR") ? std::string()
-                                             : " (MASTER_ADDR defaults to " + *addr + ", the first host of Slurm's node list)"));
     m.host = *addr;
     if (m.host.size() >= 2 && m.host.front() == '[' && m.host.back() == ']') m.host = m.host.substr(1, m.host.size() - 2);
-    m.port = parse_port(*port, "MASTER_PORT");
-    return m;
+    if (auto port = getenv("MASTER_PORT")) {
+      m.port = parse_port(*port, "MASTER_PORT");
+      return m;
+    }
+    // srun: every task derives the same port from the job and step ids.
+    const auto launch = detect_launch(getenv);
+    if (launch && launch->source == "slurm")
+      if (const auto derived = slurm_master_port(getenv)) {
+        m.port = *derived;
+        m.port_origin = "derived from SLURM_JOB_ID=" + getenv("SLURM_JOB_ID").value_or("") +
+                        " and SLURM_STEP_ID=" + getenv("SLURM_STEP_ID").value_or("(unset: 0)") +
+                        " as 15000 + (16 x job + step) mod 15000, since MASTER_PORT is not set";
+        return m;
+      }
+    throw Error(ErrorCode::invalid_argument,
+                "init_method env:// needs MASTER_PORT; it is not set" +
+                    (getenv("MASTER_ADDR") ? std::string()
+                                           : " (MASTER_ADDR defaults to " + *addr +
+                                                 ", the first host of Slurm's node list; SLURM_JOB_ID, from which "
+                                                 "the port would be derived, is not set either)"));
   }
   constexpr std::string_view kTcp = "tcp://", kFile = "file://";
   if (method.starts_with(kTcp)) {
@@ -258,7 +275,27 @@ inline std::shared_ptr<Store> make_store(const Options& o, int rank, int size) {
           host_port_string(m.host, m.port), ", keys under ", prefix);
       return std::make_shared<PrefixStore>(prefix, std::move(agent));
     }
-  return std::make_shared<TcpStore>(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
+  if (m.port_origin.empty())
+    return std::make_shared<TcpStore>(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
+  // A derived port (srun without MASTER_PORT) may be held by another program on rank 0's host:
+  // rank 0 cannot listen there, and the other ranks reach nothing or a stranger. Say so, with
+  // the way out.
+  log(LogLevel::info, LogSubsys::bootstrap, rank, "store: ", host_port_string(m.host, m.port), ", the port ",
+      m.port_origin);
+  try {
+    return std::make_shared<TcpStore>(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
+  } catch (const Error& e) {
+    const std::string message = std::string(e.what()).substr(Error::format(e.code(), "").size());
+    const std::string where = host_port_string(m.host, m.port);
+    const std::string way_out = "set MASTER_PORT to a free port on " + m.host + " for every task (MASTER_PORT=29500 srun ...)";
+    if (rank == 0 && !agent_store && e.code() == ErrorCode::system)
+      throw Error(ErrorCode::system, ErrorContext{rank, -1, "rendezvous"},
+                  "cannot serve the store on " + where + ", the port " + m.port_origin +
+                      ": another program holds it, or it is not free (" + message + "); " + way_out);
+    throw Error(e.code(), ErrorContext{rank, -1, "rendezvous"},
+                "no store at " + where + ", the port " + m.port_origin + " (" + message +
+                    "). If rank 0 reports that another program holds the port, " + way_out);
+  }
 }
 
 }  // namespace detail
