@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "chorus/algo/select.hpp"
+#include "chorus/bootstrap/launch_env.hpp"
 #include "chorus/registered_memory.hpp"
 #include "chorus/testing/fake_verbs.hpp"  // CHORUS_IB_FAKE=<file> runs -t rdma on the fake verbs
 #include "chorus/testing/sim_runtime.hpp"
@@ -164,22 +165,34 @@ class Driver {
     return std::string(C::transport_type::kName);
   }
 
-  /// Every rank's pid and host name, gathered on rank 0 in fixed-size records.
+  /// Every rank's pid, host name and local rank and size (the communicator's, and the launcher's
+  /// where it says), gathered on rank 0 in fixed-size records: 5 int32 fields, then the name.
   std::vector<RankInfo> gather_ranks() {
-    constexpr std::size_t kRecord = 256;
+    constexpr std::size_t kRecord = 256, kFields = 5, kName = kFields * sizeof(std::int32_t);
     std::array<std::uint8_t, kRecord> mine{};
-    const std::int32_t pid = static_cast<std::int32_t>(::getpid());
-    std::memcpy(mine.data(), &pid, sizeof pid);
-    ::gethostname(reinterpret_cast<char*>(mine.data()) + 4, kRecord - 5);
+    const auto launch = chorus::detect_launch();
+    const std::array<std::int32_t, kFields> fields = {static_cast<std::int32_t>(::getpid()), comm_.local_rank(),
+                                                      comm_.local_size(), launch ? launch->local_rank : -1,
+                                                      launch ? launch->local_size : -1};
+    std::memcpy(mine.data(), fields.data(), kName);
+    ::gethostname(reinterpret_cast<char*>(mine.data()) + kName, kRecord - kName - 1);
     std::vector<std::uint8_t> all(rank_ == 0 ? kRecord * static_cast<std::size_t>(n_) : 0);
     comm_.gather(mine, all, 0);
     std::vector<RankInfo> ranks;
     for (int r = 0; rank_ == 0 && r < n_; ++r) {
       const std::uint8_t* rec = all.data() + kRecord * static_cast<std::size_t>(r);
+      std::array<std::int32_t, kFields> f{};
+      std::memcpy(f.data(), rec, kName);
       RankInfo info;
       info.rank = r;
-      std::memcpy(&info.pid, rec, sizeof pid);
-      info.host.assign(reinterpret_cast<const char*>(rec) + 4, strnlen(reinterpret_cast<const char*>(rec) + 4, kRecord - 5));
+      info.pid = f[0];
+      info.local_rank = f[1];
+      info.local_size = f[2];
+      info.launcher_local_rank = f[3];
+      info.launcher_local_size = f[4];
+      if (launch) info.launcher = launch->source;
+      const char* name = reinterpret_cast<const char*>(rec) + kName;
+      info.host.assign(name, strnlen(name, kRecord - kName - 1));
       ranks.push_back(std::move(info));
     }
     return ranks;

@@ -44,6 +44,11 @@ struct RankInfo {
   int rank = 0;
   int pid = 0;
   std::string host;
+  int local_rank = -1;  ///< the communicator's (its ranks' host identities)
+  int local_size = -1;
+  std::string launcher;  ///< rank 0's launcher ("slurm", "torchrun", ...), "" without one
+  int launcher_local_rank = -1;  ///< what the launcher's variables say, -1 where they do not
+  int launcher_local_size = -1;
 };
 
 /// One half of a row: out-of-place or in-place.
@@ -134,9 +139,14 @@ class Reporter {
       std::printf("# chorus: buffers in simulated device memory (device::SimRuntime, no GPU): a check of the device "
                   "path; its times are not a GPU's\n");
     std::printf("#\n# Using devices\n");
-    for (const auto& r : ranks)
-      std::printf("#  Rank %2d Group %2d Pid %6d on %10s transport %.*s\n", r.rank, 0, r.pid, r.host.c_str(),
-                  int(transport.size()), transport.data());
+    // nccl-tests' device list; chorus adds each rank's local rank and size on its host, and
+    // those its launcher's variables give, where they give them.
+    for (const auto& r : ranks) {
+      std::printf("#  Rank %2d Group %2d Pid %6d on %10s transport %.*s local %d/%d", r.rank, 0, r.pid, r.host.c_str(),
+                  int(transport.size()), transport.data(), r.local_rank, r.local_size);
+      if (!r.launcher.empty()) std::printf(" %s local %d/%d", r.launcher.c_str(), r.launcher_local_rank, r.launcher_local_size);
+      std::printf("\n");
+    }
     if (json_) {
       auto& j = *json_;
       j["config"] = {
