@@ -193,8 +193,9 @@ TEST_CASE("Slurm's tasks per node: the parser") {
   what = refusal({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
   CHECK(mentions(what, "rank 3"));
   CHECK(mentions(what, "SLURM_NODEID=2 is past the 2 nodes"));
-  what = refusal({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_NODEID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
-  CHECK(mentions(what, "adds up to 4 tasks, but SLURM_NTASKS=5"));
+  // A step's list that does not add up to SLURM_NTASKS describes another world: no local size.
+  CHECK(detect_launch(env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_NODEID", "0"},
+                           {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}}))->local_size == -1);
   what = refusal({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "x"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
   CHECK(mentions(what, "SLURM_NODEID"));
 }

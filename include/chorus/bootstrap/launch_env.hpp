@@ -323,8 +323,8 @@ inline std::optional<std::string> hydra_kvs_name(const GetEnv& getenv,
 /// This task's local size under srun (the table at the top of this file): the entry at
 /// SLURM_NODEID of the first of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE and
 /// SLURM_NTASKS_PER_NODE that is set (without SLURM_NODEID, only a list of one node says); -1
-/// when none is set. A list that does not parse, a SLURM_NODEID past its nodes, or a step's list
-/// whose tasks do not add up to `world_size` (SLURM_NTASKS) is invalid_argument naming the
+/// when none is set, or when the step's list does not add up to `world_size` (SLURM_NTASKS). A
+/// list that does not parse, or a SLURM_NODEID past its nodes, is invalid_argument naming the
 /// variable and this task's rank.
 inline int slurm_local_size(const GetEnv& getenv, int world_size) {
   for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"}) {
@@ -332,10 +332,9 @@ inline int slurm_local_size(const GetEnv& getenv, int world_size) {
     if (!v) continue;
     try {
       const SlurmTasksPerNode list = slurm_tasks_per_node(*v, name);
-      if (std::string_view(name) == "SLURM_STEP_TASKS_PER_NODE" && list.tasks() != world_size)
-        throw Error(ErrorCode::invalid_argument, std::string(name) + "='" + *v + "' adds up to " +
-                                                     std::to_string(list.tasks()) + " tasks, but SLURM_NTASKS=" +
-                                                     std::to_string(world_size));
+      // A step's list that does not add up to SLURM_NTASKS does not describe this task's world
+      // (a component of a heterogeneous step, say): no local size, rather than a wrong one.
+      if (std::string_view(name) == "SLURM_STEP_TASKS_PER_NODE" && list.tasks() != world_size) return -1;
       if (list.nodes() == 1) return list.on_node(0);  // one node, or (--ntasks-per-node) every node
       const auto node_text = getenv("SLURM_NODEID");
       if (!node_text) return -1;  // several nodes, and nothing says which one this is
