@@ -19,6 +19,20 @@
 #                once with an error naming the port and MASTER_PORT, rank 1 within its
 #                CHORUS_TIMEOUT (10 s) with one naming the port; the step ends within 60 s. Then
 #                a second step with MASTER_PORT set to another port passes.
+#   sbatch       sbatch of examples/slurm/train.sbatch (2 nodes x 2 tasks) with the training
+#                example CHORUS_SLURM_TRAIN names (examples/02_train_fashion_mnist), one epoch and
+#                --min-test-accuracy 0.80, polled until it leaves the queue: the job completes with
+#                exit code 0, and its output has the epoch's line with a test accuracy of at least
+#                0.80 (submitted with no MASTER_* in its environment).
+#                Skipped (77) without Debian's dataset-fashion-mnist.
+#   failure      the same example (CHORUS_SLURM_TRAIN), 2 epochs on 2 x 2 tasks, rank 3 SIGKILLing
+#                itself before step 20 of epoch 1 (its --kill-rank: a task killed at a known place):
+#                  elastic  --elastic under srun's defaults (a task's death does not end the step):
+#                           rank 0 reports rank 3 lost and the shrink to 3 ranks, and the 3
+#                           survivors finish epoch 2;
+#                  plain    no --elastic: each survivor ends with chorus's peer_failure error (one
+#                           of them naming rank 3), and the step ends within 60 s of the kill;
+#                  killed   srun --kill-on-bad-exit=1: Slurm ends the step's other tasks at once.
 #
 # Nothing may be left: every daemon and task ends with the hosts (hosts_remove), and no namespace
 # or work folder remains. Every wait is bounded (srun under `timeout`). Exit 77 (skipped) without
@@ -39,7 +53,12 @@ failed=0
 [[ -x $perf ]] || { echo "no program $perf"; exit 2; }
 perf=$(realpath "$perf")
 for s in "$@"; do
-  [[ $s == all_reduce || $s == uneven || $s == port_taken ]] || { echo "unknown scenario '$s'"; exit 2; }
+  [[ $s == all_reduce || $s == uneven || $s == port_taken || $s == sbatch || $s == failure ]] || { echo "unknown scenario '$s'"; exit 2; }
+  if [[ $s == sbatch || $s == failure ]]; then
+    [[ -x ${CHORUS_SLURM_TRAIN:-} ]] || { echo "$s: CHORUS_SLURM_TRAIN must name the training example"; exit 2; }
+    [[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] ||
+      skip "$s: no Fashion-MNIST under /usr/share/datasets/fashion-mnist (Debian package dataset-fashion-mnist)"
+  fi
 done
 
 source "$(dirname "${BASH_SOURCE[0]}")/slurm_cluster.sh"
@@ -143,6 +162,56 @@ time.sleep(600)' "$port" "$work/listening" </dev/null >"$work/listener.out" 2>&1
       echo "srun --jobid $job with MASTER_PORT=$((port + 1)): $((SECONDS - t_step)) s"
       grep -q '# Out of bounds values : 0 OK' "$work/override.out" || fail "with MASTER_PORT: no '# Out of bounds values : 0 OK' line"
       slurm_exec 0 scancel "$job"
+      ;;
+    sbatch)
+      # The batch script runs on host 0; its srun starts the 4 ranks. MASTER_* would fail the check
+      # below: the environment sbatch hands on is the submitter's, which has none. Polled here
+      # rather than with sbatch --wait, whose checks back off to tens of seconds.
+      slurm_exec 0 env -u MASTER_ADDR -u MASTER_PORT CHORUS_TIMEOUT=60 \
+        sbatch --parsable -N 2 --ntasks-per-node 2 -o "$work/sbatch.out" \
+        "$(dirname "${BASH_SOURCE[0]}")/../../examples/slurm/train.sbatch" "$CHORUS_SLURM_TRAIN" --min-test-accuracy 0.80 \
+        >"$work/submit.out" 2>&1 || fail "sbatch exited non-zero: $(cat "$work/submit.out")"
+      job=$(tr -d '[:space:]' <"$work/submit.out")
+      [[ $job =~ ^[0-9]+$ ]] || { fail "no job id from sbatch: $(cat "$work/submit.out")"; continue; }
+      deadline=$((SECONDS + step_limit))
+      while [[ -n $(slurm_exec 0 squeue -h -j "$job" 2>/dev/null) ]]; do
+        ((SECONDS > deadline)) && { fail "batch job $job still in the queue after $step_limit s"; slurm_exec 0 scancel "$job"; break; }
+        sleep 0.2
+      done
+      state=$(slurm_exec 0 scontrol show job "$job" | grep -oE 'JobState=[A-Z]+|ExitCode=[0-9]+:[0-9]+' | tr '\n' ' ')
+      echo "batch job $job: $state after $((SECONDS - t_step)) s"
+      [[ $state == *"JobState=COMPLETED"*"ExitCode=0:0"* ]] || fail "batch job $job did not complete with exit code 0: $state"
+      grep -E '^job |^02_train_fashion_mnist: |^epoch ' "$work/sbatch.out"
+      acc=$(sed -n 's/^epoch  *1\/1 .* test \([0-9.]*\) .*/\1/p' "$work/sbatch.out")
+      [[ -n $acc ]] || fail "no line for epoch 1/1 with a test accuracy"
+      [[ -n $acc ]] && ! awk -v a="$acc" 'BEGIN { exit !(a >= 0.80) }' && fail "test accuracy $acc below 0.80"
+      grep -q '4 ranks' "$work/sbatch.out" || fail "the run did not have 4 ranks"
+      ;;
+    failure)
+      kill_args=(--epochs 2 --kill-rank 3 --kill-epoch 1 --kill-step 20 --no-progress)
+      # elastic: srun ends non-zero (task 3 was killed); the survivors' lines decide.
+      run_srun failure_elastic -N 2 --ntasks-per-node 2 bash -c "$no_master" task "$CHORUS_SLURM_TRAIN" --elastic \
+        "${kill_args[@]}"
+      grep -E '^epoch|kills itself|lost' "$work/failure_elastic.out"
+      grep -qE '^epoch 1: rank 3 lost \(peer_failure\): shrunk to 3 ranks in [0-9.]+ s' "$work/failure_elastic.out" ||
+        fail "elastic: rank 0 did not report rank 3 lost and the shrink to 3 ranks"
+      grep -qE '^epoch  2/2  3 ranks ' "$work/failure_elastic.out" || fail "elastic: the 3 survivors did not finish epoch 2"
+      # plain: every survivor fails with peer_failure, promptly.
+      t_step=$SECONDS
+      run_srun failure_plain -N 2 --ntasks-per-node 2 bash -c "$no_master" task "$CHORUS_SLURM_TRAIN" "${kill_args[@]}" &&
+        fail "plain: srun exited 0 with a rank killed"
+      grep -E 'kills itself|peer_failure' "$work/failure_plain.out" | head -4
+      # Each survivor names the peer whose link broke first: rank 3, or a survivor that already left.
+      n=$(grep -oE '^chorus peer_failure: rank [012]: peer [0-3]' "$work/failure_plain.out" | sort -u | wc -l)
+      ((n == 3)) || fail "plain: $n of the 3 survivors ended with chorus's peer_failure error"
+      grep -qE '^chorus peer_failure: rank [012]: peer 3' "$work/failure_plain.out" || fail "plain: no survivor named rank 3"
+      ((SECONDS - t_step <= 60)) || fail "plain: the step took $((SECONDS - t_step)) s after a rank died"
+      # killed: Slurm ends the others.
+      t_step=$SECONDS
+      run_srun failure_killed --kill-on-bad-exit=1 -N 2 --ntasks-per-node 2 bash -c "$no_master" task \
+        "$CHORUS_SLURM_TRAIN" "${kill_args[@]}" && fail "killed: srun exited 0 with a rank killed"
+      grep -E 'kills itself|srun: error|Terminating|Killed' "$work/failure_killed.out" | head -4
+      ((SECONDS - t_step <= 60)) || fail "killed: the step took $((SECONDS - t_step)) s after a rank died"
       ;;
   esac
   if ((failed)); then
