@@ -273,9 +273,9 @@ void KernelPath<T>::watch_links() {
   for (int q = 0; q < g_.size(); ++q) {
     if (q == g_.rank) continue;
     const auto code = link_failure(g_, q);
-    // A peer that found a mismatch published its descriptor and set its area's abort word before
-    // it aborted: the kernels find the mismatch (or the abort) themselves, and every rank reports
-    // the mismatch, as the host path's herald makes them.
+    // A peer that found a mismatch published its descriptor before it aborted (every block of its
+    // call does; its area's abort word stays clear, device/collective_body.hpp): the kernels find
+    // the mismatch themselves, and every rank reports it, as the host path's herald makes them.
     if (!code || *code == ErrorCode::mismatch) continue;
     // A peer that died or failed otherwise may never set it: the kernels give up, kLinkGrace after
     // the link was seen broken (a kernel about to find a mismatch of that peer's, which then exited,
