@@ -344,7 +344,7 @@ inline int slurm_local_size(const GetEnv& getenv, int world_size) {
                                                      std::to_string(list.nodes()) + " nodes of " + name + "='" + *v + "'");
       return tasks;
     } catch (const Error& e) {
-      const std::string message = std::string(e.what()).substr(Error::format(e.code(), "").size());
+      const std::string message = e.message();
       throw Error(ErrorCode::invalid_argument, rank_label(-1, getenv) + ": " + message);
     }
   }

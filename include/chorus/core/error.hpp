@@ -60,6 +60,9 @@ class Error : public std::runtime_error {
   ErrorCode code() const noexcept { return code_; }
   int rank() const noexcept { return rank_; }
   int peer() const noexcept { return peer_; }
+  /// what() without its "chorus <code>: " prefix (the context, then the message): for an error
+  /// that says more about another and keeps its words.
+  std::string message() const { return std::string(what()).substr(format(code_, "").size()); }
 
   static std::string format(ErrorCode code, const std::string& message) {
     std::string s = "chorus ";

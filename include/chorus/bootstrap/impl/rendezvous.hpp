@@ -285,7 +285,7 @@ inline std::shared_ptr<Store> make_store(const Options& o, int rank, int size) {
   try {
     return std::make_shared<TcpStore>(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
   } catch (const Error& e) {
-    const std::string message = std::string(e.what()).substr(Error::format(e.code(), "").size());
+    const std::string message = e.message();
     const std::string where = host_port_string(m.host, m.port);
     const std::string way_out = "set MASTER_PORT to a free port on " + m.host + " for every task (MASTER_PORT=29500 srun ...)";
     if (rank == 0 && !agent_store && e.code() == ErrorCode::system)
