@@ -31,7 +31,6 @@
 ///   * the store's port under Slurm when MASTER_PORT is not set: derived from SLURM_JOB_ID and
 ///     SLURM_STEP_ID (slurm_master_port), so every task of the step computes the same one.
 
-#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +44,7 @@
 #include <string_view>
 #include <vector>
 
+#include "chorus/bootstrap/pmi1.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/detail/env.hpp"
 
@@ -283,40 +283,11 @@ inline std::optional<std::string> hydra_kvs_name(const GetEnv& getenv,
   const auto fd_text = getenv("PMI_FD");
   if (!fd_text) return std::nullopt;
   const int fd = static_cast<int>(detail::parse_int(*fd_text, "PMI_FD", 0, 1 << 20));
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  // One request, one line of answer.
-  auto ask = [&](std::string_view request) -> std::optional<std::string> {
-    while (!request.empty()) {
-      const ssize_t w = ::write(fd, request.data(), request.size());
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return std::nullopt;
-      request.remove_prefix(static_cast<std::size_t>(w));
-    }
-    std::string line;
-    while (line.empty() || line.back() != '\n') {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      pollfd p{fd, POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready <= 0) return std::nullopt;
-      char c = 0;  // a byte at a time: nothing past the answer's newline is taken from the socket
-      const ssize_t r = ::read(fd, &c, 1);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return std::nullopt;
-      line += c;
-    }
-    return line;
-  };
-  const auto init = ask("cmd=init pmi_version=1 pmi_subversion=1\n");
-  if (!init || init->find("rc=0") == std::string::npos) return std::nullopt;
-  const auto answer = ask("cmd=get_my_kvsname\n");
-  constexpr std::string_view kKey = "kvsname=";
-  const auto at = answer ? answer->find(kKey) : std::string::npos;
-  if (at == std::string::npos) return std::nullopt;
-  const std::size_t from = at + kKey.size();
-  const std::string name = answer->substr(from, answer->find_first_of(" \n", from) - from);
-  const auto fin = ask("cmd=finalize\n");
-  if (name.empty() || !fin || fin->find("finalize_ack") == std::string::npos) return std::nullopt;
+  const detail::Pmi1Connection pmi(fd, std::chrono::steady_clock::now() + timeout);
+  if (!pmi.ask_ok("cmd=init pmi_version=1 pmi_subversion=1\n", "response_to_init")) return std::nullopt;
+  const auto answer = pmi.ask("cmd=get_my_kvsname\n");
+  const auto name = answer ? detail::Pmi1Connection::field(*answer, "kvsname") : std::nullopt;
+  if (!name || name->empty() || !pmi.ask_ok("cmd=finalize\n", "finalize_ack")) return std::nullopt;
   return name;
 }
 

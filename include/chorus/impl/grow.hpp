@@ -73,7 +73,7 @@ Communicator<T> Communicator<T>::join(Options o) {
     base = detail::store_root(o.store);
   } else {
     const auto m = detail::parse_init_method(o.init_method, GetEnv(&detail::env_string));
-    if (m.kind != detail::InitMethod::Kind::tcp)
+    if (m.kind != detail::InitMethod::Kind::tcp || !m.launcher_kvs.empty())
       throw Error(ErrorCode::invalid_argument, ctx,
                   "join takes the communicator's join_address() (tcp://host:port) as init_method, or the store its "
                   "ranks share as Options::store; got '" + o.init_method + "'");

@@ -16,8 +16,11 @@
 ///                           and, without MASTER_PORT, the port is derived from SLURM_JOB_ID and
 ///                           SLURM_STEP_ID (slurm_master_port); under mpirun (Open MPI, MPICH) with
 ///                           every rank on this host, a FileStore in $TMPDIR (else /tmp) named
-///                           after the launcher's job id (job_file_store); otherwise
-///                           invalid_argument saying what to set;
+///                           after the launcher's job id (job_file_store); under mpirun with
+///                           ranks on several hosts, a TcpStore rank 0 serves on an ephemeral
+///                           port, its address handed out through the launcher's PMI-1 or PMIx
+///                           service (launcher_kvs.hpp); otherwise invalid_argument saying what
+///                           to set;
 ///        "tcp://host:port"  the same with host and port from the URL (IPv6: tcp://[::1]:29500);
 ///        "file:///path"     a FileStore on that path (a fresh path per job).
 ///      TcpStores use Options::job_token for their handshake and Options::timeout as bound.
@@ -46,6 +49,7 @@
 
 #include "chorus/bootstrap/file_store.hpp"
 #include "chorus/bootstrap/launch_env.hpp"
+#include "chorus/bootstrap/launcher_kvs.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/bootstrap/tcp_store.hpp"
 #include "chorus/bootstrap/torch_store.hpp"
@@ -66,6 +70,10 @@ struct InitMethod {
   /// file: the store of a one-host mpirun job without MASTER_ADDR (job_file_store), whose name
   /// the ranks remove once every one has opened it.
   bool job_file = false;
+  /// tcp: under mpirun/mpiexec with ranks on several hosts and no MASTER_ADDR, the launcher's
+  /// key-value service ("pmi1", "pmix") through which rank 0 hands out its store's address
+  /// (launcher_kvs.hpp); host and port are then empty until that exchange.
+  std::string launcher_kvs;
   /// tcp: where the port came from when no variable or URL named it ("derived from
   /// SLURM_JOB_ID=12 and SLURM_STEP_ID=0"), for the errors of a port another program holds;
   /// empty otherwise.
@@ -100,10 +108,19 @@ inline InitMethod job_file_or_refusal(const GetEnv& getenv, const JobIdLookup& j
     m.job_file = true;
     return m;
   }
+  if (mpi) {
+    const std::string kvs = launcher_kvs_kind(*launch, getenv);
+    if (!kvs.empty()) {
+      InitMethod m;
+      m.launcher_kvs = kvs;
+      return m;
+    }
+  }
   std::string why = "MASTER_ADDR is not set";
   if (mpi && launch->local_size > 0)
     why = "this " + launch->source + " job has ranks on several hosts (" + std::to_string(launch->local_size) + " of " +
-          std::to_string(launch->world_size) + " here), which cannot meet in a file on one host, and MASTER_ADDR is not set";
+          std::to_string(launch->world_size) + " here), which cannot meet in a file on one host, MASTER_ADDR is not set, and the launcher's key-value service is not "
+          "there (" + (launch->source == "mpich" ? "PMI_FD" : "PMIX_NAMESPACE and PMIX_SERVER_URI*") + " not set)";
   else if (mpi)
     why = "the " + launch->source + " launcher does not say how many ranks are on this host, and MASTER_ADDR is not set";
   else if (launch && launch->source == "slurm")
@@ -253,8 +270,19 @@ inline std::shared_ptr<Store> job_file_store(const std::string& path, int size, 
   return store;
 }
 
-inline std::shared_ptr<Store> make_store(const Options& o, int rank, int size) {
+/// The store of `o`; where it was found through the launcher's key-value service,
+/// `*resolved_init_method` is set to its address ("tcp://host:port"), from which the tcp links
+/// choose the address they listen on.
+inline std::shared_ptr<Store> make_store(const Options& o, int rank, int size, std::string* resolved_init_method) {
   const auto m = parse_init_method(o.init_method, GetEnv(&env_string));
+  if (!m.launcher_kvs.empty()) {
+    auto [store, address] = launcher_store(m.launcher_kvs, rank, o.socket_ifname, o.setup_bound(), o.job_token,
+                                           GetEnv(&env_string));
+    log(LogLevel::info, LogSubsys::bootstrap, rank, "store: ", address, ", its address handed out by the launcher's ",
+        m.launcher_kvs);
+    *resolved_init_method = std::move(address);
+    return store;
+  }
   if (m.job_file) return job_file_store(m.path, size, o.timeout);
   if (m.kind == InitMethod::Kind::file) return std::make_shared<FileStore>(m.path, o.timeout);
   // CHORUS_AGENT_STORE=1: the launcher hosts the store (chorus::launch_local), rank 0 is a client.
@@ -307,7 +335,10 @@ inline Bootstrap rendezvous(Options options) {
   (void)detail::Logger::instance();
   const auto [rank, size] = detail::resolve_rank_and_size(options, GetEnv(&detail::env_string));
   ErrorContext ctx{rank, -1, "rendezvous"};
-  std::shared_ptr<Store> store = options.store ? options.store : detail::make_store(options, rank, size);
+  std::string resolved_init_method;
+  std::shared_ptr<Store> store =
+      options.store ? options.store : detail::make_store(options, rank, size, &resolved_init_method);
+  if (!resolved_init_method.empty()) options.init_method = resolved_init_method;
 
   const std::int64_t gen = store->add("chorus/rank" + std::to_string(rank) + "/rendezvous", 1);
   const std::string prefix = "chorus/g" + std::to_string(gen) + "/";

@@ -2,11 +2,6 @@
 #pragma once
 /// Socket-level details of the tcp transport: which address to listen on, and socket options.
 
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <cstring>
 #include <optional>
 #include <string>
@@ -17,7 +12,7 @@
 #include "chorus/core/error.hpp"
 #include "chorus/detail/asio.hpp"
 #include "chorus/detail/env.hpp"
-#include "chorus/detail/ifname.hpp"
+#include "chorus/detail/interfaces.hpp"
 #include "chorus/detail/keepalive.hpp"
 #include "chorus/options.hpp"
 
@@ -26,56 +21,10 @@ namespace chorus::tcp::detail {
 namespace asio = chorus::detail::asio;
 using chorus::detail::asio_tcp;
 
-/// One IP address of one interface.
-struct InterfaceAddress {
-  std::string name;
-  asio::ip::address address;
-};
-
-/// Every IP address of every interface of this host, in the kernel's order (getifaddrs).
-inline std::vector<InterfaceAddress> interface_addresses() {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) throw chorus::detail::system_error({}, "getifaddrs");
-  std::vector<InterfaceAddress> out;
-  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr) continue;
-    if (a->ifa_addr->sa_family == AF_INET) {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
-      out.push_back({a->ifa_name, asio::ip::address_v4(ntohl(in->sin_addr.s_addr))});
-    } else if (a->ifa_addr->sa_family == AF_INET6) {
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
-      asio::ip::address_v6::bytes_type b;
-      std::memcpy(b.data(), &in6->sin6_addr, b.size());
-      out.push_back({a->ifa_name, asio::ip::address_v6(b, in6->sin6_scope_id)});
-    }
-  }
-  ::freeifaddrs(list);
-  return out;
-}
-
-/// The address to listen on for CHORUS_SOCKET_IFNAME=`spec` (chorus/detail/ifname.hpp) among
-/// `list`: of the addresses of the interfaces it keeps, one of an interface the list names exactly
-/// first (so "eth0" is eth0 where eth0.100 exists), then IPv4 before IPv6, then the kernel's
-/// order. invalid_argument naming the variable and the interfaces there are when it keeps none.
-inline asio::ip::address choose_interface(const std::string& spec, const std::vector<InterfaceAddress>& list) {
-  const auto filter = chorus::detail::InterfaceFilter::parse(spec);
-  const InterfaceAddress* best = nullptr;
-  auto rank = [&](const InterfaceAddress& a) { return std::tuple(!filter.named(a.name), !a.address.is_v4()); };
-  for (const auto& a : list)
-    if (filter.matches(a.name) && (best == nullptr || rank(a) < rank(*best))) best = &a;
-  if (best != nullptr) return best->address;
-  std::string there;
-  for (const auto& a : list)
-    if (there.find("'" + a.name + "'") == std::string::npos) there += (there.empty() ? "'" : ", '") + a.name + "'";
-  throw Error(ErrorCode::invalid_argument, "CHORUS_SOCKET_IFNAME='" + spec +
-                                               "': no interface with an IP address matches (interfaces with one here: " +
-                                               (there.empty() ? std::string("none") : there) + ")");
-}
-
-/// The address of this host that CHORUS_SOCKET_IFNAME=`spec` picks (choose_interface).
-inline asio::ip::address interface_address(const std::string& spec) {
-  return choose_interface(spec, interface_addresses());
-}
+using chorus::detail::choose_interface;
+using chorus::detail::interface_address;
+using chorus::detail::interface_addresses;
+using chorus::detail::InterfaceAddress;
 
 /// The host ranks rendezvous at: from tcp://host:port, else MASTER_ADDR (or its default under
 /// srun, chorus::master_addr); nullopt when neither.
