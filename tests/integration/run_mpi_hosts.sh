@@ -5,7 +5,7 @@
 # hands its address to the others through the launcher's key-value service (PMIx under Open MPI's
 # mpirun, PMI-1 under MPICH's mpiexec; include/chorus/bootstrap/launcher_kvs.hpp).
 #
-#   run_mpi_hosts.sh <all_reduce_perf> openmpi|mpich
+#   run_mpi_hosts.sh <all_reduce_perf> openmpi|mpich [<rounds_driver>]
 #
 # The launcher runs on host 0 and reaches host 1 through its remote-shell agent (Open MPI's
 # plm_rsh_agent, Hydra's -launcher ssh -launcher-exec): a small script in place of ssh that runs
@@ -16,8 +16,10 @@
 # #wrong 0, ranks 0-1 report host 0 and 2-3 host 1 with local rank r mod 2 of 2 (the
 # communicator's and the launcher's), no task has a MASTER_* variable (each checks its environment
 # before it execs the program), rank 0's INFO log says the store's address was handed out by the
-# launcher's pmix or pmi1, and nothing is left on the hosts. Exit 77 (skipped) without root,
-# namespaces or the launcher.
+# launcher's pmix or pmi1, and nothing is left on the hosts. With <rounds_driver>
+# (integration/rounds_driver.cpp), a second job runs it: three communicators one after the other
+# in each process (the later ones meet on the store the first exchange found) and a split; every
+# rank prints OK for every round. Exit 77 (skipped) without root, namespaces or the launcher.
 set -uo pipefail
 
 perf=${1:?usage: run_mpi_hosts.sh <all_reduce_perf> openmpi|mpich}
@@ -27,8 +29,13 @@ skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; failed=1; }
 failed=0
 
+rounds=${3:-}
 [[ -x $perf ]] || { echo "no program $perf"; exit 2; }
 perf=$(realpath "$perf")
+if [[ -n $rounds ]]; then
+  [[ -x $rounds ]] || { echo "no program $rounds"; exit 2; }
+  rounds=$(realpath "$rounds")
+fi
 case $kind in
   openmpi) launcher=mpirun.openmpi service=pmix ;;
   mpich) launcher=mpiexec.mpich service=pmi1 ;;
@@ -87,14 +94,19 @@ case $kind in
       -genv CHORUS_DEBUG INFO -genv CHORUS_DEBUG_SUBSYS BOOTSTRAP
     ;;
 esac
-echo "on ${hosts_name[0]}: $* $work/task all_reduce_perf -b 8 -e 8M -f 8 -w 1 -n 1"
-t0=$SECONDS
-hosts_exec 0 env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE \
-  -u CHORUS_AGENT_STORE CHORUS_TIMEOUT=60 timeout -k 5 120 "$@" "$work/task" "$perf" -b 8 -e 8M -f 8 -w 1 -n 1 \
-  >"$work/out" 2>&1
-rc=$?
-echo "$launcher exited with status $rc after $((SECONDS - t0)) s"
-((rc == 0)) || fail "$launcher exited with status $rc"
+# The launcher on host 0, bounded, without MASTER_* nor other launchers' variables; output in $1.
+launch() {
+  local out=$1 rc t0=$SECONDS
+  shift
+  echo "on ${hosts_name[0]}: ${launch_args[*]} $*"
+  hosts_exec 0 env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE \
+    -u CHORUS_AGENT_STORE CHORUS_TIMEOUT=60 timeout -k 5 120 "${launch_args[@]}" "$@" >"$out" 2>&1
+  rc=$?
+  echo "$launcher exited with status $rc after $((SECONDS - t0)) s"
+  ((rc == 0)) || fail "$launcher exited with status $rc"
+}
+launch_args=("$@")
+launch "$work/out" "$work/task" "$perf" -b 8 -e 8M -f 8 -w 1 -n 1
 
 out=$work/out
 grep -E '^#  Rank|^ +[0-9]+ +[0-9]+ +float|Out of bounds|store: ' "$out"
@@ -114,6 +126,18 @@ if grep -q 'MASTER_' "$out"; then fail "a task had MASTER_* set: $(grep 'MASTER_
 if ((failed)); then
   echo "--- the launcher's output"
   cat "$out"
+fi
+
+if [[ -n $rounds ]]; then
+  echo "=== three communicators one after the other"
+  launch "$work/rounds" "$work/task" "$rounds" 3
+  grep -E '^ROUND' "$work/rounds" | sort
+  ok=$(grep -cE '^ROUND [0-2] rank [0-3]/4 OK$' "$work/rounds")
+  ((ok == 12)) || fail "$ok OK lines from rounds_driver, expected 12 (3 rounds x 4 ranks)"
+  if grep -qE 'WRONG|ROUNDS_ERROR|MASTER_' "$work/rounds"; then
+    fail "rounds_driver: $(grep -E 'WRONG|ROUNDS_ERROR|MASTER_' "$work/rounds" | head -3)"
+    cat "$work/rounds"
+  fi
 fi
 
 hosts_remove

@@ -12,9 +12,9 @@
 ///                            commits, a fence over the job collects the data, the others get
 ///                            rank 0's value; then finalize.
 ///
-/// A process makes this exchange once: PMI-1's server takes no second init after a finalize.
-/// The address it learnt is kept for the process's later communicators (rank 0 serves the store
-/// on the same port again if the first one is gone), which meet on it as on any store.
+/// A process makes this exchange once (PMI-1's server takes no second init after a finalize) and
+/// keeps the store until it exits: its later communicators meet on the same store, one generation
+/// after the other.
 
 #include <unistd.h>
 
@@ -95,45 +95,41 @@ inline std::string launcher_exchange(const std::string& kind, int rank, const st
 /// The store of an mpirun/mpiexec job on several hosts without MASTER_ADDR (see the top of this
 /// file), and its address as an init_method ("tcp://host:port"), which the tcp links route from.
 /// `socket_ifname` is Options::socket_ifname; `token` the job token of the store's handshake.
+/// The first call of the process makes the exchange; every later one returns the same store,
+/// which lives until the process exits: its communicators meet on it one generation after the
+/// other (impl/rendezvous.hpp), and no rank can reach a store that rank 0 has already let go.
 inline std::pair<std::shared_ptr<Store>, std::string> launcher_store(const std::string& kind, int rank,
                                                                       const std::string& socket_ifname,
                                                                       std::chrono::milliseconds timeout,
                                                                       const std::string& token, const GetEnv& getenv) {
   struct Cache {
     std::mutex mutex;
-    std::optional<std::pair<std::string, std::uint16_t>> address;  // rank 0's store, once learnt
-    std::weak_ptr<Store> store;
+    std::shared_ptr<Store> store;
+    std::string address;
   };
   static Cache cache;
   std::lock_guard lock(cache.mutex);
-  if (auto s = cache.store.lock()) {
-    const auto& [host, port] = *cache.address;
-    return {s, "tcp://" + host_port_string(host, port)};
+  if (cache.store) return {cache.store, cache.address};
+  if (rank == 0) {
+    const std::string host = publishable_address(socket_ifname).to_string();
+    auto server = std::make_shared<TcpStore>(host, 0, true, timeout, token);
+    launcher_exchange(kind, rank, host_port_string(host, server->port()), timeout, getenv);
+    cache.store = std::move(server);
+    cache.address = "tcp://" + host_port_string(host, static_cast<TcpStore&>(*cache.store).port());
+    return {cache.store, cache.address};
   }
-  std::shared_ptr<Store> store;
-  if (!cache.address) {
-    if (rank == 0) {
-      const std::string host = publishable_address(socket_ifname).to_string();
-      auto server = std::make_shared<TcpStore>(host, 0, true, timeout, token);
-      launcher_exchange(kind, rank, host_port_string(host, server->port()), timeout, getenv);
-      cache.address = {host, server->port()};
-      store = std::move(server);
-    } else {
-      const std::string text = launcher_exchange(kind, rank, "", timeout, getenv);
-      const auto colon = text.rfind(':');
-      std::string host = colon == std::string::npos ? std::string() : text.substr(0, colon);
-      if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-      const auto port = colon == std::string::npos ? 0 : parse_int(text.substr(colon + 1), "the port rank 0 published", 1, 65535);
-      if (host.empty() || port == 0)
-        throw Error(ErrorCode::mismatch, ErrorContext{rank, 0, "rendezvous through the launcher's " + kind},
-                    "rank 0 published '" + text + "' as its store's address, not host:port");
-      cache.address = {host, static_cast<std::uint16_t>(port)};
-    }
-  }
-  const auto& [host, port] = *cache.address;
-  if (!store) store = std::make_shared<TcpStore>(host, port, rank == 0, timeout, token);
-  cache.store = store;
-  return {store, "tcp://" + host_port_string(host, port)};
+  const std::string text = launcher_exchange(kind, rank, "", timeout, getenv);
+  const auto colon = text.rfind(':');
+  std::string host = colon == std::string::npos ? std::string() : text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const auto port =
+      colon == std::string::npos ? 0 : parse_int(text.substr(colon + 1), "the port rank 0 published", 1, 65535);
+  if (host.empty() || port == 0)
+    throw Error(ErrorCode::mismatch, ErrorContext{rank, 0, "rendezvous through the launcher's " + kind},
+                "rank 0 published '" + text + "' as its store's address, not host:port");
+  cache.store = std::make_shared<TcpStore>(host, static_cast<std::uint16_t>(port), false, timeout, token);
+  cache.address = "tcp://" + host_port_string(host, static_cast<std::uint16_t>(port));
+  return {cache.store, cache.address};
 }
 
 }  // namespace chorus::detail
