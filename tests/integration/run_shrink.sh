@@ -67,8 +67,51 @@ world=6
 host_of=(0 0 1 1 2 2)
 kinds=(kill_rank kill_host cut_link two_ranks during_shrink)
 now() { date +%s.%N; }
-rank_pid() { sed -n 's/^SHRINK_READY .* pid=\([0-9]*\).*/\1/p' "$run/rank$1.out" 2>/dev/null; }
-alive() { local p; p=$(rank_pid "$1"); [[ -n $p ]] && kill -0 "$p" 2>/dev/null; }
+# scan <r>: reads rank r's output once, in this shell (on a loaded machine a grep, sed or awk per
+# check costs tens of milliseconds, seconds per seed): ready_pid (the pid of its SHRINK_READY
+# line), done_line (the first SHRINK_DONE line), ok_line (the last SHRINK_FIRST_OK line),
+# error_line (the first SHRINK_ERROR line), bad_line (the first SHRINK_ERROR or SHRINK_WRONG
+# line), last_line; every SHRINK_WRONG line is added to wrong_lines, every SHRINK_READY line
+# counted in ready_lines.
+scan() {
+  local line
+  ready_pid="" done_line="" ok_line="" error_line="" bad_line="" last_line=""
+  [[ -r $run/rank$1.out ]] || return 0
+  while IFS= read -r line || [[ -n $line ]]; do
+    last_line=$line
+    case $line in
+      SHRINK_READY*)
+        ready_lines=$((ready_lines + 1))
+        [[ $line =~ ^SHRINK_READY\ .*\ pid=([0-9]*) ]] && ready_pid=${BASH_REMATCH[1]}
+        ;;
+      SHRINK_DONE*) [[ -n $done_line ]] || done_line=$line ;;
+      SHRINK_FIRST_OK*) ok_line=$line ;;
+      SHRINK_ERROR*)
+        [[ -n $error_line ]] || error_line=$line
+        [[ -n $bad_line ]] || bad_line=$line
+        ;;
+      SHRINK_WRONG*)
+        [[ -n $bad_line ]] || bad_line=$line
+        wrong_lines+=("$line")
+        ;;
+    esac
+  done <"$run/rank$1.out"
+}
+rank_pids=()   # per rank, from its SHRINK_READY line
+# shrinking: whether a rank has printed SHRINK_SHRINKING. during_shrink polls it between its two
+# kills, which must both land before the survivors finish: without a process per poll the second
+# follows the first survivor's SHRINK_SHRINKING sooner on a loaded machine.
+shrinking() {
+  local r line
+  for ((r = 0; r < world; ++r)); do
+    [[ -r $run/rank$r.out ]] || continue
+    while IFS= read -r line || [[ -n $line ]]; do
+      [[ $line == SHRINK_SHRINKING* ]] && return 0
+    done <"$run/rank$r.out"
+  done
+  return 1
+}
+alive() { [[ -n ${rank_pids[$1]:-} ]] && kill -0 "${rank_pids[$1]}" 2>/dev/null; }
 show_ranks() {
   local r
   for ((r = 0; r < world; ++r)); do
@@ -119,7 +162,11 @@ for seed in "${seeds[@]}"; do
     pids[r]=$!
   done
   deadline=$((SECONDS + 60))
-  until (($(cat "$run"/rank*.out 2>/dev/null | grep -c '^SHRINK_READY') == world)); do
+  rank_pids=()
+  while :; do
+    ready_lines=0
+    for ((r = 0; r < world; ++r)); do scan "$r"; rank_pids[r]=$ready_pid; done
+    ((ready_lines == world)) && break
     if ((SECONDS > deadline)); then
       fail "seed $seed: the ranks did not all start within 60 s"
       show_ranks
@@ -133,12 +180,12 @@ for seed in "${seeds[@]}"; do
   t_fault=$(now)
   case $kind in
     kill_rank | two_ranks)
-      for v in "${victims[@]}"; do kill -9 "$(rank_pid "$v")"; done
+      for v in "${victims[@]}"; do kill -9 "${rank_pids[v]}"; done
       what="SIGKILL of rank(s) ${victims[*]}"
       ;;
     kill_host)
       hosts_cut "$cut_host"
-      for v in "${victims[@]}"; do kill -9 "$(rank_pid "$v")"; done
+      for v in "${victims[@]}"; do kill -9 "${rank_pids[v]}"; done
       what="host $cut_host vanished (link down, ranks ${victims[*]} SIGKILLed)"
       ;;
     cut_link)
@@ -146,13 +193,13 @@ for seed in "${seeds[@]}"; do
       what="host $cut_host's link cut (ranks $((2 * cut_host)) and $((2 * cut_host + 1)) cut off)"
       ;;
     during_shrink)
-      kill -9 "$(rank_pid "${victims[0]}")"
+      kill -9 "${rank_pids[victims[0]]}"
       deadline=$((SECONDS + 30))
-      until cat "$run"/rank*.out 2>/dev/null | grep -q '^SHRINK_SHRINKING'; do
+      until shrinking; do
         ((SECONDS > deadline)) && break
         sleep 0.005
       done
-      kill -9 "$(rank_pid "${victims[1]}")"
+      kill -9 "${rank_pids[victims[1]]}"
       what="SIGKILL of rank ${victims[0]}, then of rank ${victims[1]} as the survivors entered shrink"
       ;;
   esac
@@ -161,7 +208,7 @@ for seed in "${seeds[@]}"; do
   if left=$(wait_ranks 90); then :; else
     fail "seed $seed: rank(s)$left still running 90 s after the fault"
     for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-    for ((r = 0; r < world; ++r)); do p=$(rank_pid "$r"); [[ -n $p ]] && kill -9 "$p" 2>/dev/null; done
+    for ((r = 0; r < world; ++r)); do [[ -n ${rank_pids[r]:-} ]] && kill -9 "${rank_pids[r]}" 2>/dev/null; done
   fi
 
   # Who must go on: every rank not killed and not cut off.
@@ -171,39 +218,52 @@ for seed in "${seeds[@]}"; do
     ((cut_host >= 0 && host_of[r] == cut_host)) && continue
     expect+=("$r")
   done
-  members=$(
-    IFS=,
-    echo "${expect[*]}"
-  )
-  seed_times=()
+  printf -v members '%s,' "${expect[@]}"
+  members=${members%,}
+  # Each survivor's output once (scan), then the seconds from the fault to its first correct
+  # round for all of them in one awk: "<seconds> <1 when within RECOVER_LIMIT>" per line.
+  finished=() t_oks=()
   for r in "${expect[@]}"; do
-    done_line=$(grep -m1 '^SHRINK_DONE' "$run/rank$r.out" 2>/dev/null)
+    scan "$r"
     if [[ -z $done_line ]]; then
-      fail "seed $seed: rank $r did not finish: $(grep -m1 -E '^SHRINK_(ERROR|WRONG)' "$run/rank$r.out")"
+      fail "seed $seed: rank $r did not finish: $bad_line"
       continue
     fi
     [[ $done_line == *" size=${#expect[@]} members=$members "* ]] ||
       fail "seed $seed: rank $r ended with '$done_line', expected members $members"
-    ok_line=$(grep '^SHRINK_FIRST_OK' "$run/rank$r.out" | tail -1)
-    t_ok=$(sed -n 's/.* wall=\([0-9.]*\).*/\1/p' <<<"$ok_line")
-    after=$(awk -v a="$t_ok" -v b="$t_fault" 'BEGIN { printf "%.2f", a - b }')
-    seed_times+=("$after")
-    awk -v a="$after" -v l="$recover_limit" 'BEGIN { exit !(a <= l) }' ||
-      fail "seed $seed: rank $r's first correct round came ${after} s after the fault (limit ${recover_limit} s)"
+    t_ok=""
+    [[ $ok_line =~ .*\ wall=([0-9.]*) ]] && t_ok=${BASH_REMATCH[1]}
+    finished+=("$r")
+    t_oks+=("$t_ok")
   done
-  if ((cut_host >= 0)) && [[ $kind == cut_link ]]; then
-    for r in $((2 * cut_host)) $((2 * cut_host + 1)); do
-      line=$(grep -m1 '^SHRINK_ERROR' "$run/rank$r.out" 2>/dev/null)
-      if [[ -z $line ]]; then
-        fail "seed $seed: rank $r, cut off, did not end with an error: $(tail -1 "$run/rank$r.out")"
-      else
-        echo "seed $seed: rank $r (cut off): ${line#SHRINK_ERROR }" | cut -c1-300
-      fi
-      grep -q '^SHRINK_DONE' "$run/rank$r.out" && fail "seed $seed: rank $r, cut off, went on"
+  seed_times=()
+  if ((${#finished[@]} > 0)); then
+    mapfile -t results < <(awk -v b="$t_fault" -v l="$recover_limit" \
+      'BEGIN { for (i = 1; i < ARGC; ++i) { d = sprintf("%.2f", ARGV[i] - b); print d, (d + 0 <= l + 0) } exit }' "${t_oks[@]}")
+    for i in "${!finished[@]}"; do
+      read -r after within <<<"${results[i]:-? 0}"
+      seed_times+=("$after")
+      ((within)) ||
+        fail "seed $seed: rank ${finished[i]}'s first correct round came ${after} s after the fault (limit ${recover_limit} s)"
     done
   fi
-  grep -h '^SHRINK_WRONG' "$run"/rank*.out 2>/dev/null | head -5
-  grep -q '^SHRINK_WRONG' "$run"/rank*.out 2>/dev/null && fail "seed $seed: wrong results (above)"
+  if ((cut_host >= 0)) && [[ $kind == cut_link ]]; then
+    for r in $((2 * cut_host)) $((2 * cut_host + 1)); do
+      scan "$r"
+      if [[ -z $error_line ]]; then
+        fail "seed $seed: rank $r, cut off, did not end with an error: $last_line"
+      else
+        line="seed $seed: rank $r (cut off): ${error_line#SHRINK_ERROR }"
+        echo "${line:0:300}"
+      fi
+      [[ -n $done_line ]] && fail "seed $seed: rank $r, cut off, went on"
+    done
+  fi
+  # Wrong results, on any rank (the victims' and the cut-off ranks' outputs too).
+  wrong_lines=()
+  for ((r = 0; r < world; ++r)); do scan "$r"; done
+  ((${#wrong_lines[@]} == 0)) || printf '%s\n' "${wrong_lines[@]:0:5}"
+  ((${#wrong_lines[@]} == 0)) || fail "seed $seed: wrong results (above)"
   sorted=$(printf '%s\n' "${seed_times[@]}" | sort -n | tr '\n' ' ')
   echo "seed $seed: $kind: survivors ${members}: fault to first correct round (s): $sorted"
   times_by_kind[$kind]+="$sorted"
@@ -213,10 +273,12 @@ for seed in "${seeds[@]}"; do
   for ((r = 0; r < world; ++r)); do alive "$r" && fail "seed $seed: rank $r process left"; done
   for ((h = 0; h < 3; ++h)); do
     ip -n "${hosts_ns[h]}" link set "${hosts_dev[h]}" up
-    left=$(ip netns pids "${hosts_ns[h]}" 2>/dev/null | grep -vx "${hosts_holder[h]}" | tr '\n' ' ')
+    mapfile -t ns_pids < <(ip netns pids "${hosts_ns[h]}" 2>/dev/null)
+    left=""
+    for p in "${ns_pids[@]}"; do [[ $p == "${hosts_holder[h]}" ]] || left+="$p "; done
     [[ -z $left ]] || fail "seed $seed: processes left on host $h: $left"
-    shm=$(hosts_exec "$h" find /dev/shm -mindepth 1 2>&1 | tr '\n' ' ')
-    [[ -z $shm ]] || fail "seed $seed: left in host $h's /dev/shm: $shm"
+    mapfile -t shm < <(hosts_exec "$h" find /dev/shm -mindepth 1 2>&1)
+    ((${#shm[@]} == 0)) || fail "seed $seed: left in host $h's /dev/shm: ${shm[*]}"
   done
   ((seed_failed)) && echo "seed $seed: FAIL" || echo "seed $seed: PASS"
 done
