@@ -150,6 +150,10 @@ TEST_CASE("mpirun/mpiexec on several hosts without MASTER_ADDR: the launcher's k
                                                    {"PMIX_NAMESPACE", "952696833"},
                                                    {"PMIX_SERVER_URI41", "pmix-server.1;tcp4://127.0.0.1:1"}};
   CHECK(method(ompi).launcher_kvs == "pmix");
+  auto rank_only = ompi;  // a PMIx server that publishes its address under another name
+  rank_only.erase("PMIX_SERVER_URI41");
+  rank_only["PMIX_RANK"] = "1";
+  CHECK(method(rank_only).launcher_kvs == "pmix");
   // Every rank on this host: still the job's file store, no launcher exchange.
   auto one_host = ompi;
   one_host["OMPI_COMM_WORLD_LOCAL_SIZE"] = "4";

@@ -40,12 +40,13 @@ namespace chorus::detail {
 inline constexpr const char* kLauncherStoreKey = "chorus_store";
 
 /// The service `launch` offers, "" when it offers none this code speaks: "pmi1" under Hydra with
-/// PMI_FD set, "pmix" under Open MPI with a PMIx server named in the environment.
+/// PMI_FD set, "pmix" under Open MPI where the environment makes this process a PMIx client
+/// (PMIX_NAMESPACE, and PMIX_RANK or one of the server addresses PMIx 2 to 4.1 publish).
 inline std::string launcher_kvs_kind(const LaunchInfo& launch, const GetEnv& getenv) {
   if (launch.source == "mpich" && getenv("PMI_FD")) return "pmi1";
   if (launch.source == "openmpi" && getenv("PMIX_NAMESPACE") &&
-      (getenv("PMIX_SERVER_URI41") || getenv("PMIX_SERVER_URI4") || getenv("PMIX_SERVER_URI3") ||
-       getenv("PMIX_SERVER_URI21") || getenv("PMIX_SERVER_URI2")))
+      (getenv("PMIX_RANK") || getenv("PMIX_SERVER_URI41") || getenv("PMIX_SERVER_URI4") ||
+       getenv("PMIX_SERVER_URI3") || getenv("PMIX_SERVER_URI21") || getenv("PMIX_SERVER_URI2")))
     return "pmix";
   return {};
 }

@@ -120,7 +120,7 @@ inline InitMethod job_file_or_refusal(const GetEnv& getenv, const JobIdLookup& j
   if (mpi && launch->local_size > 0)
     why = "this " + launch->source + " job has ranks on several hosts (" + std::to_string(launch->local_size) + " of " +
           std::to_string(launch->world_size) + " here), which cannot meet in a file on one host, MASTER_ADDR is not set, and the launcher's key-value service is not "
-          "there (" + (launch->source == "mpich" ? "PMI_FD" : "PMIX_NAMESPACE and PMIX_SERVER_URI*") + " not set)";
+          "there (" + (launch->source == "mpich" ? "PMI_FD" : "PMIX_NAMESPACE with PMIX_RANK or PMIX_SERVER_URI*") + " not set)";
   else if (mpi)
     why = "the " + launch->source + " launcher does not say how many ranks are on this host, and MASTER_ADDR is not set";
   else if (launch && launch->source == "slurm")
