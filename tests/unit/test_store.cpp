@@ -751,4 +751,19 @@ TEST_CASE("FileStore: torn tail and foreign files") {
   CHECK(error_code_of([&] { chorus::FileStore f(dir.path + "/no/such/dir/store", 1s); }) == ErrorCode::system);
 }
 
+TEST_CASE("TcpStore: the server counts the requests it serves and the connections it accepts") {
+  TcpStore server("127.0.0.1", 0, true, 10s);
+  const auto own = server.requests_served();  // its own client's handshake makes no request
+  CHECK(server.connections_accepted() == 1);  // the server's own client
+  TcpStore client("127.0.0.1", server.port(), false, 10s);
+  client.set("a", "1");
+  CHECK(client.get("a", 1s) == "1");
+  CHECK(client.add("n", 2) == 2);
+  CHECK_FALSE(client.check({"missing"}));
+  server.set("b", "2");
+  CHECK(server.requests_served() == own + 5);
+  CHECK(server.connections_accepted() == 2);
+  CHECK(client.requests_served() == 0);  // a client serves nothing
+}
+
 }  // namespace unit_test_store

@@ -70,6 +70,10 @@ class TcpStore final : public Store {
   std::uint16_t port() const { return port_; }
   const std::string& host() const { return host_; }
   bool is_server() const { return server_ != nullptr; }
+  /// A server's requests served and connections accepted so far (its own client's included); 0
+  /// for a client.
+  std::uint64_t requests_served() const { return server_ ? server_->requests_served() : 0; }
+  std::uint64_t connections_accepted() const { return server_ ? server_->connections_accepted() : 0; }
 
   void set(const std::string& key, const std::string& value) override { client_->set(key, value); }
   std::string get(const std::string& key, Duration timeout) override { return client_->get(key, timeout); }

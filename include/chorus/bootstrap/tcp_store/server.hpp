@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
@@ -83,9 +84,16 @@ class TcpStoreServer {
     });
     if (thread_.joinable()) thread_.join();
     joined_ = true;
+    log(LogLevel::info, LogSubsys::bootstrap, -1, "TcpStore server on ", endpoint_string(local_), ": served ",
+        requests_.load(), " requests over ", connections_.load(), " connections");
   }
 
   const asio_tcp::endpoint& local_endpoint() const { return local_; }
+  /// Requests served so far (every op, as they are read), and connections accepted: the load the
+  /// store carries, for the creation and shrink measurements (CHORUS_DEBUG=INFO logs both when
+  /// the server stops).
+  std::uint64_t requests_served() const { return requests_.load(std::memory_order_relaxed); }
+  std::uint64_t connections_accepted() const { return connections_.load(std::memory_order_relaxed); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -125,6 +133,7 @@ class TcpStoreServer {
         co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }
+      connections_.fetch_add(1, std::memory_order_relaxed);
       asio::co_spawn(io_, serve(std::move(s)), asio::detached);
     }
   }
@@ -241,6 +250,7 @@ class TcpStoreServer {
 
   /// Executes a request; false when there is no one to reply to (stopping, or the client left).
   asio::awaitable<bool> handle(asio_tcp::socket& s, const StoreRequest& req, Response& resp) {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     switch (req.op) {
       case StoreOp::set:
         data_[req.keys[0]] = req.value;
@@ -379,6 +389,8 @@ class TcpStoreServer {
   bool stopping_ = false;
   bool joined_ = false;
   int active_ = 0;
+  std::atomic<std::uint64_t> requests_{0};
+  std::atomic<std::uint64_t> connections_{0};
   asio::io_context io_;
   asio_tcp::acceptor acceptor_{io_};
   asio::steady_timer stop_timer_{io_};
