@@ -52,8 +52,8 @@ struct Options {
   std::string algorithm;
   /// This rank's host, for the host layout the hierarchical algorithms read (topology/hosts.hpp):
   /// ranks with equal values count as one host. Empty: the host identity the transports compare
-  /// (CHORUS_HOST_ID where set, else boot id, host name and namespaces). For tests that run ranks
-  /// as threads of one process and want a layout of several hosts.
+  /// (CHORUS_HOST_ID where set, else boot id and host name: the machine, whatever the namespaces).
+  /// For tests that run ranks as threads of one process and want a layout of several hosts.
   std::string host_id;
   /// Forces the pipeline slice size in bytes (CHORUS_CHUNK_BYTES); 0: the cost model's.
   std::size_t chunk_bytes = 0;

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,10 +18,11 @@ namespace chorus {
 
 struct PeerInfo {
   int rank = -1;
-  /// Equal for ranks that can share memory: the kernel's boot id, the host name and the mount
-  /// and network namespaces (a memfd must be shareable and an abstract unix socket reachable,
-  /// which the network namespace decides), or "id:" + CHORUS_HOST_ID where that is set (tests
-  /// that pretend to span hosts; see docs/environment.md).
+  /// Equal for ranks of one machine: the kernel's boot id and the host name (as NCCL's host hash),
+  /// or "id:" + CHORUS_HOST_ID where that is set (tests that pretend to span hosts; see
+  /// docs/environment.md). Neither namespace counts: ranks of one host started in separate
+  /// containers or mount namespaces are one host to the topology. Whether they can also share
+  /// memory is shm's own fact (shm::Transport::local_fact: the network namespace).
   std::string host;
   /// What the candidates that publish something of their own (a static `local_fact(ctx)`, e.g.
   /// rdma: the fabric this rank can use, "" for none) said, by candidate name.
@@ -51,7 +51,12 @@ inline std::string read_link(const char* path) {
   return k > 0 ? std::string(buf, static_cast<std::size_t>(k)) : std::string("?");
 }
 
-/// This process's host identity (PeerInfo::host).
+/// The running kernel's boot id: the same for every process of one machine, whatever its
+/// namespaces, and new at each boot.
+inline std::string boot_id() { return read_first_line("/proc/sys/kernel/random/boot_id"); }
+
+/// This process's host identity (PeerInfo::host): "<boot id>|<host name>", or "id:" +
+/// CHORUS_HOST_ID.
 inline std::string host_id(const ErrorContext& ctx) {
   if (auto v = chorus::detail::env_string("CHORUS_HOST_ID")) {
     if (v->empty()) throw Error(ErrorCode::invalid_argument, ctx, "CHORUS_HOST_ID is set but empty");
@@ -59,10 +64,7 @@ inline std::string host_id(const ErrorContext& ctx) {
   }
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
-  std::ostringstream os;
-  os << read_first_line("/proc/sys/kernel/random/boot_id") << '|' << name << '|' << read_link("/proc/self/ns/mnt")
-     << '|' << read_link("/proc/self/ns/net");
-  return os.str();
+  return boot_id() + '|' + name;
 }
 
 }  // namespace detail

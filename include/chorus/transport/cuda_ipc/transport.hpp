@@ -135,7 +135,7 @@ class Transport {
   static bool can_connect(const PeerInfo& me, const PeerInfo& peer) { return why_not(me, peer).empty(); }
   /// Why the pair cannot be served, "" when it can.
   static std::string why_not(const PeerInfo& me, const PeerInfo& peer) {
-    if (!shm::Transport::can_connect(me, peer)) return "not on the same host";
+    if (std::string why = shm::Transport::why_not(me, peer); !why.empty()) return why;
     const detail::Fact a = detail::parse_fact(me.fact(kName)), b = detail::parse_fact(peer.fact(kName));
     if (!a.ok) return "this rank cannot map device memory: " + a.why;
     if (!b.ok) return "rank " + std::to_string(peer.rank) + " cannot map device memory: " + b.why;

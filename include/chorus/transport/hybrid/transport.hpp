@@ -14,10 +14,11 @@
 ///
 /// can_connect reads the PeerInfo (transport/peer_info.hpp) that every rank publishes in the store at
 /// construction, so both ends of each pair choose alike: its host, and the fact of each candidate
-/// that has a static local_fact(ctx) (rdma: the fabric it can use). A candidate with a static
-/// why_not(me, peer) explains a forced pair it cannot connect. Every rank builds its candidates in
-/// registry order, each over the peers it serves (the subset constructor of the Transport
-/// concept): a rank waiting in one candidate's set-up only waits for ranks in the same one.
+/// that has a static local_fact(ctx) (shm: its kernel and network namespace; rdma: the fabric it
+/// can use). A candidate with a static why_not(me, peer) explains a forced pair it cannot connect.
+/// Every rank builds its candidates in registry order, each over the peers it serves (the subset
+/// constructor of the Transport concept): a rank waiting in one candidate's set-up only waits for
+/// ranks in the same one.
 ///
 /// link(peer) returns a small wrapper over the serving candidate's link (a variant of pointers:
 /// one switch per message, no virtual call, no allocation); link_kind(peer) and link_model(peer)
@@ -48,8 +49,9 @@
 namespace chorus::hybrid {
 namespace detail {
 
-/// A candidate that publishes a fact about this rank (cuda_ipc: its device; rdma: its NIC) for the
-/// others' can_connect: `static std::string local_fact(const ErrorContext&)`.
+/// A candidate that publishes a fact about this rank (cuda_ipc: its device; shm: its network
+/// namespace; rdma: its NIC) for the others' can_connect:
+/// `static std::string local_fact(const ErrorContext&)`.
 template <class T>
 concept PublishesFact = requires(const ErrorContext& ctx) {
   { T::local_fact(ctx) } -> std::convertible_to<std::string>;

@@ -83,9 +83,25 @@ class Transport : public chorus::detail::EngineTransport<Transport, detail::Engi
   /// cross-memory pulls and the measured curves cross), ~5 GB/s one copy; slices of 256 KiB (a
   /// pull each: larger ones pipeline less, smaller ones pay a system call more often).
   static constexpr TransportModel kModel{3e-6, 1.0 / 5e9, 256 << 10};
-  /// Ranks of one host (registry.hpp).
-  static bool can_connect(const PeerInfo& me, const PeerInfo& peer) {
-    return me.host == peer.host;
+  /// Where this rank's memory can be shared from (hybrid::Transport publishes it to the others):
+  /// "<boot id>|<network namespace>", e.g. "...|net:[4026532281]". A segment travels as a memfd
+  /// over an abstract unix socket, which only processes of one kernel and one network namespace
+  /// reach; the mount namespace does not matter, since nothing has a name in the file system.
+  static std::string local_fact(const ErrorContext&) {
+    return chorus::detail::boot_id() + '|' + chorus::detail::read_link("/proc/self/ns/net");
+  }
+  /// Ranks of one host (PeerInfo::host) that reach each other's abstract sockets (local_fact).
+  static bool can_connect(const PeerInfo& me, const PeerInfo& peer) { return why_not(me, peer).empty(); }
+  /// Why the pair cannot share memory, "" when it can.
+  static std::string why_not(const PeerInfo& me, const PeerInfo& peer) {
+    if (me.host != peer.host) return "not on the same host";
+    const std::string_view a = me.fact(kName), b = peer.fact(kName);
+    if (a == b) return {};
+    // Facts are "<boot id>|<network namespace>".
+    const auto kernel = [](std::string_view f) { return std::string(f.substr(0, f.find('|'))); };
+    const auto net = [](std::string_view f) { return std::string(f.substr(f.find('|') + 1)); };
+    if (kernel(a) != kernel(b)) return "cannot share memory: different kernels (boot ids " + kernel(a) + " and " + kernel(b) + ")";
+    return "cannot share memory: different network namespaces (" + net(a) + " and " + net(b) + ")";
   }
 
   /// Links to every other rank (all must be on this host).
