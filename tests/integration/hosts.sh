@@ -43,6 +43,12 @@
 #                               namespaces (their veths with them). Safe to call twice, and after
 #                               a hosts_create that stopped halfway.
 #   hosts_check_removed         fail for each namespace, device or holder left.
+#   hosts_scratch <name>        for a test script, after hosts_names: makes its work folder $work
+#                               (mktemp -d in TMPDIR, else /tmp: chorus-<name>.XXXXXX) and an
+#                               empty array pids, and calls hosts_cleanup on EXIT (INT and TERM
+#                               exit 1, so it runs then too).
+#   hosts_cleanup               SIGKILLs every process in pids, hosts_remove, removes $work. Safe
+#                               to call twice.
 
 hosts_names() {
   [[ $1 =~ ^[A-Za-z0-9_]{1,11}$ ]] || { fail "hosts_names: tag '$1' must be 1-11 letters, digits or _"; exit 1; }
@@ -194,4 +200,18 @@ hosts_check_removed() {
   done
   [[ -n ${hosts_work:-} && -e $hosts_work ]] && fail "work folder $hosts_work left"
   return 0
+}
+
+hosts_scratch() {
+  work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-$1.XXXXXX") || { fail "hosts_scratch: mktemp"; exit 1; }
+  pids=()
+  trap hosts_cleanup EXIT
+  trap 'exit 1' INT TERM
+}
+
+hosts_cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  hosts_remove
+  if [[ -n ${work:-} ]]; then rm -rf "$work"; fi
 }

@@ -38,17 +38,7 @@ command -v python3 >/dev/null || skip "no python3 (it finds a free port in host 
 
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
 hosts_names "hid$$" 10.83.0
-work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-host-id.XXXXXX")
-pids=()
-
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  hosts_remove
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
+hosts_scratch host-id
 
 hosts_create 2
 if [[ $scenario == mount ]]; then
@@ -195,7 +185,7 @@ for ((h = 0; h < hosts_count; ++h)); do
   [[ -z $left ]] || fail "processes left on host $h: $left"
 done
 work_dir=$work
-cleanup
+hosts_cleanup
 trap - EXIT
 hosts_check_removed
 [[ -e $work_dir ]] && fail "work folder $work_dir left"

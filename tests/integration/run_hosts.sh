@@ -49,17 +49,7 @@ world=${#host_of[@]}
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/error_line.sh"
 hosts_names "hh$$" 10.79.0
-work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-hosts-it.XXXXXX")
-pids=()
-
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  hosts_remove
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
+hosts_scratch hosts-it
 
 t0=$(date +%s.%N)
 hosts_create "$nhosts"
@@ -187,7 +177,7 @@ for ((h = 0; h < nhosts; ++h)); do
   [[ -z $shm ]] || fail "left in host $h's /dev/shm: $shm"
 done
 work_dir=$work
-cleanup
+hosts_cleanup
 trap - EXIT
 hosts_check_removed
 [[ -e $work_dir ]] && fail "work folder $work_dir left"

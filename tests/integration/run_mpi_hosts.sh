@@ -45,15 +45,8 @@ command -v "$launcher" >/dev/null 2>&1 || skip "$launcher is not installed (apt-
 ((EUID == 0)) || skip "namespace hosts need root"
 
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
-work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-mpi-hosts.XXXXXX")
-cleanup() {
-  hosts_remove
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
 hosts_names "m${kind:0:1}$$" 10.83.0
+hosts_scratch mpi-hosts
 hosts_create 2
 cp /etc/hosts "$work/hosts" || { fail "cannot copy /etc/hosts"; exit 1; }
 for i in 0 1; do echo "${hosts_addr[i]} ${hosts_name[i]}" >>"$work/hosts"; done

@@ -50,17 +50,7 @@ seed_failed=0
 [[ -x $driver ]] || { echo "no driver $driver"; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
 hosts_names "shk$$" 10.83.0
-work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-shrink.XXXXXX")
-pids=()
-
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  hosts_remove
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
+hosts_scratch shrink
 
 hosts_create 3
 world=6
@@ -291,7 +281,7 @@ for kind in "${kinds[@]}"; do
   echo "  $kind: $stats"
 done
 work_dir=$work
-cleanup
+hosts_cleanup
 trap - EXIT
 hosts_check_removed
 [[ -e $work_dir ]] && fail "work folder $work_dir left"

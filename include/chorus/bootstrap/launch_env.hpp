@@ -284,10 +284,8 @@ inline std::optional<std::string> hydra_kvs_name(const GetEnv& getenv,
   if (!fd_text) return std::nullopt;
   const int fd = static_cast<int>(detail::parse_int(*fd_text, "PMI_FD", 0, 1 << 20));
   const detail::Pmi1Connection pmi(fd, std::chrono::steady_clock::now() + timeout);
-  if (!pmi.ask_ok("cmd=init pmi_version=1 pmi_subversion=1\n", "response_to_init")) return std::nullopt;
-  const auto answer = pmi.ask("cmd=get_my_kvsname\n");
-  const auto name = answer ? detail::Pmi1Connection::field(*answer, "kvsname") : std::nullopt;
-  if (!name || name->empty() || !pmi.ask_ok("cmd=finalize\n", "finalize_ack")) return std::nullopt;
+  const auto name = pmi.start();
+  if (!name || !pmi.ask_ok("cmd=finalize\n", "finalize_ack")) return std::nullopt;
   return name;
 }
 

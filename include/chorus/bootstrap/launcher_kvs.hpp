@@ -16,8 +16,6 @@
 /// keeps the store until it exits: its later communicators meet on the same store, one generation
 /// after the other.
 
-#include <unistd.h>
-
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -64,10 +62,8 @@ inline std::string launcher_exchange(const std::string& kind, int rank, const st
                    what + ": Hydra's PMI server (PMI_FD=" + std::to_string(fd) + ") did not answer within " +
                        std::to_string(timeout.count()) + " ms (do every rank's program create its communicator?)");
     };
-    if (!pmi.ask_ok("cmd=init pmi_version=1 pmi_subversion=1\n", "response_to_init")) throw fail("PMI-1 init");
-    const auto answer = pmi.ask("cmd=get_my_kvsname\n");
-    const auto kvs = answer ? Pmi1Connection::field(*answer, "kvsname") : std::nullopt;
-    if (!kvs || kvs->empty()) throw fail("PMI-1 get_my_kvsname");
+    const auto kvs = pmi.start();
+    if (!kvs) throw fail("PMI-1 init and get_my_kvsname");
     if (rank == 0 &&
         !pmi.ask_ok("cmd=put kvsname=" + *kvs + " key=" + kLauncherStoreKey + " value=" + value + "\n", "put_result"))
       throw fail("PMI-1 put of " + std::string(kLauncherStoreKey));

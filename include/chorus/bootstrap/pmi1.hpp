@@ -73,6 +73,16 @@ class Pmi1Connection {
     return std::nullopt;
   }
 
+  /// The session's start: init, then get_my_kvsname. The job's KVS name; nullopt when either
+  /// step fails (no answer by the deadline, a non-zero rc, no name).
+  std::optional<std::string> start() const {
+    if (!ask_ok("cmd=init pmi_version=1 pmi_subversion=1\n", "response_to_init")) return std::nullopt;
+    const auto answer = ask("cmd=get_my_kvsname\n");
+    auto name = answer ? field(*answer, "kvsname") : std::nullopt;
+    if (!name || name->empty()) return std::nullopt;
+    return name;
+  }
+
   /// ask(request), true when the answer's first field is `cmd=<expected>` and its rc, where it
   /// has one, is 0.
   bool ask_ok(std::string_view request, std::string_view expected) const {
