@@ -254,6 +254,110 @@ TEST_CASE("rendezvous over env:// (MASTER_ADDR, MASTER_PORT)") {
   check_agreement(bs);
 }
 
+/// Joins its thread when it goes, also when a check throws on the way.
+struct Joined {
+  std::thread thread;
+  ~Joined() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
+/// Waits (at most 10 s) until `server` has served more than `count` requests; false if it has not.
+bool await_requests(const chorus::TcpStore& server, std::uint64_t count) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (server.requests_served() <= count) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+TEST_CASE("env:// one communicator after another: a fast rank's next round meets rank 0's kept store") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  on_free_port([&](std::uint16_t port) {
+    ScopedEnv master({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}});
+    auto first = rendezvous_all(2, [&](int r) { return with_rank(r, 2); });
+    check_agreement(first);
+    const auto first_nonce = first[0].nonce;
+    auto* server = dynamic_cast<chorus::TcpStore*>(first[0].options.store.get());
+    REQUIRE(server);
+    REQUIRE(server->is_server());
+    const auto served = server->requests_served();
+    // Rank 1 lets its communicator go and starts the next while rank 0 still holds its first.
+    first[1] = Bootstrap{};
+    Bootstrap second0, second1;
+    std::exception_ptr error;
+    {
+      Joined fast{std::thread([&] {
+        try {
+          second1 = chorus::rendezvous(with_rank(1, 2));
+        } catch (...) {
+          error = std::current_exception();
+        }
+      })};
+      REQUIRE(await_requests(*server, served));  // rank 1's next round has reached rank 0's store
+      server = nullptr;
+      first[0] = Bootstrap{};  // only now does rank 0 let its first communicator go
+      second0 = chorus::rendezvous(with_rank(0, 2));
+    }
+    if (error) std::rethrow_exception(error);
+    check_agreement({second0, second1});
+    CHECK(second0.nonce != first_nonce);
+    // The same store, generation 2 (a new one would have started again at 1).
+    CHECK(second0.options.store->check({"chorus/g2/nonce"}));
+    return 0;
+  });
+}
+
+/// Waits (at most 10 s) until the store on 127.0.0.1:`port` is one that rank 0 has joined and
+/// rank 1 not yet (a new one: the first round's had both); false if it has not come.
+bool await_fresh_store(std::uint16_t port) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    try {
+      chorus::TcpStore probe("127.0.0.1", port, false, 2s);
+      if (probe.check({"chorus/rank0/rendezvous"}) && !probe.check({"chorus/rank1/rendezvous"})) return true;
+    } catch (const Error&) {
+      // the first round's server going, or the new one not there yet
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+TEST_CASE("env:// kept stores: settings that differ make a new store; a client whose server went connects anew") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  on_free_port([&](std::uint16_t port) {
+    ScopedEnv master({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}});
+    auto first = rendezvous_all(2, [&](int r) { return with_rank(r, 2); });
+    check_agreement(first);
+    first = {};
+    // Rank 0 comes back with another timeout: its kept server is let go (the port is wanted again)
+    // and a new one serves. Rank 1 starts only then: its kept client finds its server gone.
+    std::vector<Bootstrap> second(2);
+    std::exception_ptr error;
+    {
+      Joined rank0{std::thread([&] {
+        try {
+          Options o = with_rank(0, 2);
+          o.timeout = 11s;
+          second[0] = chorus::rendezvous(o);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      })};
+      REQUIRE(await_fresh_store(port));
+      second[1] = chorus::rendezvous(with_rank(1, 2));
+    }
+    if (error) std::rethrow_exception(error);
+    check_agreement(second);
+    // A new store: generation 1 again.
+    CHECK(second[0].options.store->check({"chorus/g1/nonce"}));
+    CHECK_FALSE(second[0].options.store->check({"chorus/g2/nonce"}));
+    return 0;
+  });
+}
+
 TEST_CASE("rendezvous over file://") {
   std::unique_ptr<ScopedEnv> env(clean_env());
   std::string dir = (std::filesystem::temp_directory_path() / "chorus-rdv-XXXXXX").string();

@@ -37,6 +37,17 @@ inline std::string openssl_error_text() {
   return out.empty() ? std::string("unknown OpenSSL error") : out;
 }
 
+/// Initialises libcrypto in the calling thread, which registers OpenSSL's exit handler now. An
+/// object with static storage made after this call (a kept TcpStore whose server thread draws
+/// random bytes) is then destroyed before OpenSSL cleans up at exit, so its thread's random
+/// generator is freed when that thread ends. (The flag must not be 0: OPENSSL_init_crypto(0, ...)
+/// returns at once, and OpenSSL would register its handler later, from the server's thread, and
+/// clean up first.)
+inline void openssl_init() {
+  if (OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CRYPTO_STRINGS, nullptr) != 1)
+    throw Error(ErrorCode::system, "OPENSSL_init_crypto failed: " + openssl_error_text());
+}
+
 /// Fills `out` from OpenSSL's CSPRNG. Throws system when the generator fails (never returns
 /// predictable bytes).
 inline void random_bytes(std::span<std::uint8_t> out) {

@@ -44,8 +44,10 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "chorus/bootstrap/file_store.hpp"
 #include "chorus/bootstrap/launch_env.hpp"
@@ -270,6 +272,89 @@ inline std::shared_ptr<Store> job_file_store(const std::string& path, int size, 
   return store;
 }
 
+/// The TcpStore of a host:port init method (env://, tcp://, srun's derived port): rank 0 serves
+/// it, the others connect. Kept for the process when its communicators are gone, so that a program
+/// that creates communicators one after the other (test suites, notebooks, a retry) meets on the
+/// same store, one generation after the other (step 3 above). Made afresh each time, rank 0's
+/// second store could not start while a fast rank still spoke to its first, and that rank lost
+/// its connection when the first went ("store server gone?"). A kept store is taken again only
+/// when no communicator holds it and host, port, role, timeout and token are the same; a kept
+/// client answers one request first (its server may have gone with rank 0's process: then a new
+/// connection is made). Of the stores no communicator holds, the last kIdleUrlStores are kept.
+inline std::shared_ptr<Store> url_store(const std::string& host, std::uint16_t port, bool is_server,
+                                        std::chrono::milliseconds timeout, const std::string& token) {
+  constexpr std::size_t kIdleUrlStores = 8;
+  struct Entry {
+    std::string host;
+    std::uint16_t port;
+    bool server;
+    std::chrono::milliseconds timeout;
+    std::string token;
+    std::shared_ptr<TcpStore> store;
+  };
+  struct Cache {
+    std::mutex mutex;
+    std::vector<Entry> entries;  // oldest first
+    pid_t owner = ::getpid();
+    ~Cache() {
+      // A child made by fork() has the parent's entries but not their servers' threads: joining
+      // those would abort. It leaves them be.
+      if (::getpid() != owner)
+        for (auto& e : entries) new std::shared_ptr<TcpStore>(std::move(e.store));
+    }
+  };
+  // OpenSSL first, so that its exit handler runs after the cache's destructor has joined the
+  // servers' threads (detail::openssl_init).
+  static const bool crypto_ready = (openssl_init(), true);
+  (void)crypto_ready;
+  static Cache cache;
+  std::vector<std::shared_ptr<TcpStore>> released;  // let go outside the lock (a server joins its thread)
+  const auto idle = [](const Entry& e) { return e.store.use_count() == 1; };
+  const auto same_place = [&](const Entry& e) { return e.host == host && e.port == port && e.server == is_server; };
+  std::shared_ptr<TcpStore> store;
+  {
+    std::lock_guard lock(cache.mutex);
+    for (auto it = cache.entries.begin(); it != cache.entries.end();) {
+      if (same_place(*it) && idle(*it)) {
+        if (!store && it->timeout == timeout && it->token == token) {
+          store = it->store;
+        } else if (is_server || it->timeout != timeout || it->token != token) {
+          released.push_back(std::move(it->store));  // its port or its settings are wanted anew
+          it = cache.entries.erase(it);
+          continue;
+        }
+      }
+      ++it;
+    }
+  }
+  if (store && !is_server) {
+    try {
+      (void)store->check({"chorus/url_store/alive"});
+    } catch (const Error&) {
+      std::lock_guard lock(cache.mutex);
+      std::erase_if(cache.entries, [&](const Entry& e) { return e.store == store; });
+      released.push_back(std::move(store));
+    }
+  }
+  if (store) return store;
+  released.clear();  // before a server binds the port again
+  store = std::make_shared<TcpStore>(host, port, is_server, timeout, token);
+  std::lock_guard lock(cache.mutex);
+  cache.entries.push_back(Entry{host, port, is_server, timeout, token, store});
+  std::size_t idle_count = 0;
+  for (const auto& e : cache.entries) idle_count += idle(e) ? 1 : 0;
+  for (auto it = cache.entries.begin(); idle_count > kIdleUrlStores && it != cache.entries.end();) {
+    if (idle(*it)) {
+      released.push_back(std::move(it->store));
+      it = cache.entries.erase(it);
+      --idle_count;
+    } else {
+      ++it;
+    }
+  }
+  return store;
+}
+
 /// The store of `o`; where it was found through the launcher's key-value service,
 /// `*resolved_init_method` is set to its address ("tcp://host:port"), from which the tcp links
 /// choose the address they listen on.
@@ -304,14 +389,14 @@ inline std::shared_ptr<Store> make_store(const Options& o, int rank, int size, s
       return std::make_shared<PrefixStore>(prefix, std::move(agent));
     }
   if (m.port_origin.empty())
-    return std::make_shared<TcpStore>(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
+    return url_store(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
   // A derived port (srun without MASTER_PORT) may be held by another program on rank 0's host:
   // rank 0 cannot listen there, and the other ranks reach nothing or a stranger. Say so, with
   // the way out.
   log(LogLevel::info, LogSubsys::bootstrap, rank, "store: ", host_port_string(m.host, m.port), ", the port ",
       m.port_origin);
   try {
-    return std::make_shared<TcpStore>(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
+    return url_store(m.host, m.port, rank == 0 && !agent_store, o.timeout, o.job_token);
   } catch (const Error& e) {
     const std::string message = e.message();
     const std::string where = host_port_string(m.host, m.port);
