@@ -241,10 +241,23 @@ TEST_CASE("rendezvous over tcp://[::1]:port") {
   check_agreement(bs);
 }
 
+/// MASTER_ADDR=127.0.0.1 and MASTER_PORT=`port` (env://), for the scope of the result.
+ScopedEnv local_master(std::uint16_t port) {
+  return ScopedEnv({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}});
+}
+
+/// Ranks 0 and 1 of 2 meet through env:// (MASTER_ADDR, MASTER_PORT set by the caller); their
+/// Bootstraps, checked to agree.
+std::vector<Bootstrap> meet_two() {
+  auto bs = rendezvous_all(2, [](int r) { return with_rank(r, 2); });
+  check_agreement(bs);
+  return bs;
+}
+
 TEST_CASE("rendezvous over env:// (MASTER_ADDR, MASTER_PORT)") {
   std::unique_ptr<ScopedEnv> env(clean_env());
   auto bs = on_free_port([&](std::uint16_t port) {
-    ScopedEnv master({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}});
+    ScopedEnv master = local_master(port);
     return rendezvous_all(3, [&](int r) {
       Options o = with_rank(r, 3);
       o.init_method = r == 1 ? "env://" : "";  // both mean env://
@@ -275,9 +288,8 @@ bool await_requests(const chorus::TcpStore& server, std::uint64_t count) {
 TEST_CASE("env:// one communicator after another: a fast rank's next round meets rank 0's kept store") {
   std::unique_ptr<ScopedEnv> env(clean_env());
   on_free_port([&](std::uint16_t port) {
-    ScopedEnv master({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}});
-    auto first = rendezvous_all(2, [&](int r) { return with_rank(r, 2); });
-    check_agreement(first);
+    ScopedEnv master = local_master(port);
+    auto first = meet_two();
     const auto first_nonce = first[0].nonce;
     auto* server = dynamic_cast<chorus::TcpStore*>(first[0].options.store.get());
     REQUIRE(server);
@@ -328,9 +340,8 @@ bool await_fresh_store(std::uint16_t port) {
 TEST_CASE("env:// kept stores: settings that differ make a new store; a client whose server went connects anew") {
   std::unique_ptr<ScopedEnv> env(clean_env());
   on_free_port([&](std::uint16_t port) {
-    ScopedEnv master({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}});
-    auto first = rendezvous_all(2, [&](int r) { return with_rank(r, 2); });
-    check_agreement(first);
+    ScopedEnv master = local_master(port);
+    auto first = meet_two();
     first = {};
     // Rank 0 comes back with another timeout: its kept server is let go (the port is wanted again)
     // and a new one serves. Rank 1 starts only then: its kept client finds its server gone.

@@ -296,6 +296,9 @@ inline std::shared_ptr<Store> url_store(const std::string& host, std::uint16_t p
     std::mutex mutex;
     std::vector<Entry> entries;  // oldest first
     pid_t owner = ::getpid();
+    // OpenSSL first: its exit handler, registered now, runs after this cache's destructor (whose
+    // registration follows the constructor) has joined the servers' threads (detail::openssl_init).
+    Cache() { openssl_init(); }
     ~Cache() {
       // A child made by fork() has the parent's entries but not their servers' threads: joining
       // those would abort. It leaves them be.
@@ -303,10 +306,6 @@ inline std::shared_ptr<Store> url_store(const std::string& host, std::uint16_t p
         for (auto& e : entries) new std::shared_ptr<TcpStore>(std::move(e.store));
     }
   };
-  // OpenSSL first, so that its exit handler runs after the cache's destructor has joined the
-  // servers' threads (detail::openssl_init).
-  static const bool crypto_ready = (openssl_init(), true);
-  (void)crypto_ready;
   static Cache cache;
   std::vector<std::shared_ptr<TcpStore>> released;  // let go outside the lock (a server joins its thread)
   const auto idle = [](const Entry& e) { return e.store.use_count() == 1; };
