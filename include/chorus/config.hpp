@@ -42,3 +42,17 @@
 #else
 #define CHORUS_OPTIONS_NAMESPACE without_rdma
 #endif
+
+/// CHORUS_DECL marks a function whose body lives in a body file (an impl/ header beside its
+/// declaration; Boost.Asio's BOOST_ASIO_DECL): inline in a header-only program, whose headers
+/// include the bodies, and plain in a program built with CHORUS_SEPARATE_COMPILATION
+/// (chorus/compiled.hpp), where the bodies are compiled once, in chorus::compiled or the program's
+/// chorus/src.hpp (both through chorus/impl/bodies.hpp), and every other unit sees the declaration
+/// only. The entry points so marked are those through which a unit would otherwise compile the
+/// stores, the launcher and the host reduction loops again: rendezvous(), launch_local(),
+/// launched_by_launcher(), the logger, and reduce() / finalize_avg() on a DataType.
+#if defined(CHORUS_SEPARATE_COMPILATION)
+#define CHORUS_DECL
+#else
+#define CHORUS_DECL inline
+#endif

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "chorus/bootstrap/init_method.hpp"  // the detail:: steps of rendezvous()
 #include "chorus/bootstrap/rendezvous.hpp"
 
 // This file's own names: the files of tests/unit/ are compiled together (unity build).

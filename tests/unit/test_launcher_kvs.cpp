@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "chorus/bootstrap/launcher_kvs.hpp"
+#include "chorus/bootstrap/init_method.hpp"  // the detail:: steps of rendezvous()
 #include "chorus/bootstrap/rendezvous.hpp"
 
 namespace {

@@ -468,7 +468,11 @@ void narrow_all_encodings() {
       chorus::reduce(op, kDt, pub.data(), a.data(), b.data(), kN);
       chorus::reduce(op, kDt, in_place.data(), b.data(), kN);
       chorus::detail::dispatch_op(op, [&]<class Op>(Op) {
-        chorus::detail::reduce_disjoint<Op>(portable.data(), a.data(), b.data(), kN);
+        // Only the four ops above run; the bitwise ones, which dispatch_op instantiates too, are
+        // a copy of `a` for a float, a loop g++ -O2 warns about (aggressive-loop-optimizations).
+        if constexpr (!std::is_same_v<Op, chorus::BitAnd> && !std::is_same_v<Op, chorus::BitOr> &&
+                      !std::is_same_v<Op, chorus::BitXor>)
+          chorus::detail::reduce_disjoint<Op>(portable.data(), a.data(), b.data(), kN);
       });
       expect_reduced(op, a, b, pub, "public entry");
       expect_reduced(op, a, b, portable, "portable loop");

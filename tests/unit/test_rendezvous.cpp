@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // rendezvous(): rank and size resolution, stores from init_method, nonce agreement, generations.
+#include "chorus/bootstrap/init_method.hpp"  // the detail:: steps of rendezvous()
 #include "chorus/bootstrap/rendezvous.hpp"
 
 #include <doctest/doctest.h>

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "chorus/bootstrap/store.hpp"
+#include "chorus/config.hpp"
 #include "chorus/detail/handshake/wire.hpp"  // JobNonce
 #include "chorus/options.hpp"
 
@@ -27,8 +28,12 @@ struct Bootstrap {
 /// builds the store from Options::store or Options::init_method (env://, tcp://, file://), and
 /// agrees on the job nonce. Throws invalid_argument with a clear message when something is
 /// missing; timeout when the store cannot be reached in time.
-Bootstrap rendezvous(Options options);
+CHORUS_DECL Bootstrap rendezvous(Options options);
 
 }  // namespace chorus
 
+// The bodies (bootstrap/impl/rendezvous.hpp): here in a header-only program; compiled once with
+// CHORUS_SEPARATE_COMPILATION (config.hpp, CHORUS_DECL).
+#if !defined(CHORUS_SEPARATE_COMPILATION)
 #include "chorus/bootstrap/impl/rendezvous.hpp"
+#endif

@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 
+#include "chorus/config.hpp"
 #include "chorus/detail/env.hpp"
 
 namespace chorus::detail {
@@ -179,10 +180,7 @@ class Logger {
  public:
   /// The process's logger, configured from the environment at its first use.
   /// Never destroyed, so threads that log while the process exits find it.
-  static Logger& instance() {
-    static Logger* const logger = new Logger(log_config_from_env());
-    return *logger;
-  }
+  CHORUS_DECL static Logger& instance();
 
   bool enabled(LogLevel l, std::uint32_t subsys) const noexcept {
     if (static_cast<int>(l) > level_.load(std::memory_order_relaxed)) return false;
@@ -265,17 +263,7 @@ inline bool log_enabled(LogLevel l, LogSubsys s) {
 inline bool log_enabled(LogLevel l) { return log_enabled(l, LogSubsys::misc); }
 
 /// Writes one line, when its level and subsystem are enabled. `tagged`: print the subsystem.
-inline void log_line(LogLevel l, LogSubsys s, int rank, std::string_view msg, bool tagged = true) {
-  if (!log_enabled(l, s)) return;
-  static constexpr const char* kNames[] = {"WARN", "INFO", "TRACE"};
-  std::ostringstream os;
-  os << "[chorus " << log_host() << ':' << ::getpid();
-  if (rank >= 0) os << " rank " << rank;
-  os << "] " << kNames[static_cast<int>(l)] << ' ';
-  if (tagged) os << log_subsys_name(s) << ' ';
-  os << msg << '\n';
-  Logger::instance().write(os.str());
-}
+CHORUS_DECL void log_line(LogLevel l, LogSubsys s, int rank, std::string_view msg, bool tagged = true);
 inline void log_line(LogLevel l, int rank, std::string_view msg) {
   log_line(l, LogSubsys::misc, rank, msg, /*tagged=*/false);
 }
@@ -300,3 +288,9 @@ void log(LogLevel l, int rank, const Args&... args) {
 }
 
 }  // namespace chorus::detail
+
+// The bodies (detail/impl/log.hpp): here in a header-only program; compiled once with
+// CHORUS_SEPARATE_COMPILATION (config.hpp, CHORUS_DECL).
+#if !defined(CHORUS_SEPARATE_COMPILATION)
+#include "chorus/detail/impl/log.hpp"
+#endif

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "chorus/bootstrap/init_method.hpp"  // parse_init_method
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/bootstrap/tcp_store.hpp"
 #include "chorus/detail/env.hpp"

@@ -91,11 +91,12 @@ void finalize_avg(T* data, std::size_t n, int world_size);
 /// inout[i] = op(inout[i], in[i]) for `count` elements of type dt.
 inline void reduce(ReduceOp op, DataType dt, void* inout, const void* in, std::size_t count);
 
-/// out[i] = op(a[i], b[i]); out may be a or b.
-inline void reduce(ReduceOp op, DataType dt, void* out, const void* a, const void* b, std::size_t count);
+/// out[i] = op(a[i], b[i]); out may be a or b. (CHORUS_DECL: the body, which instantiates the
+/// loops below for every type and op, is in reduce/impl/host.hpp.)
+CHORUS_DECL void reduce(ReduceOp op, DataType dt, void* out, const void* a, const void* b, std::size_t count);
 
-/// avg's final division over `count` elements of type dt.
-inline void finalize_avg(DataType dt, void* data, std::size_t count, int world_size);
+/// avg's final division over `count` elements of type dt. (CHORUS_DECL, as reduce above.)
+CHORUS_DECL void finalize_avg(DataType dt, void* data, std::size_t count, int world_size);
 
 // ---------------------------------------------------------------------------------------------
 // Implementation
@@ -410,26 +411,17 @@ void finalize_avg(T* data, std::size_t n, int world_size) {
   }
 }
 
-inline void reduce(ReduceOp op, DataType dt, void* out, const void* a, const void* b, std::size_t count) {
-  if (is_bitwise(op) && size_of(dt) != 0 && !is_valid_op(dt, op))
-    throw Error(ErrorCode::invalid_argument, "reduce: " + std::string(to_string(op)) + " does not apply to " +
-                                                 std::string(to_string(dt)) + " (bitwise ops take integer types)");
-  dispatch(dt, [&]<class T>(std::type_identity<T>) {
-    detail::dispatch_op(op, [&]<class Op>(Op) {
-      reduce_to<Op>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), count);
-    });
-  });
-}
-
 inline void reduce(ReduceOp op, DataType dt, void* inout, const void* in, std::size_t count) {
   reduce(op, dt, inout, inout, in, count);
-}
-
-inline void finalize_avg(DataType dt, void* data, std::size_t count, int world_size) {
-  dispatch(dt,
-           [&]<class T>(std::type_identity<T>) { finalize_avg(static_cast<T*>(data), count, world_size); });
 }
 
 }  // namespace chorus
 
 #undef CHORUS_DETAIL_HOST_X86_NARROW
+
+// The bodies of the two functions on a DataType (reduce/impl/host.hpp), which instantiate the
+// loops above for every type and op: here in a header-only program; compiled once with
+// CHORUS_SEPARATE_COMPILATION (config.hpp, CHORUS_DECL).
+#if !defined(CHORUS_SEPARATE_COMPILATION)
+#include "chorus/reduce/impl/host.hpp"
+#endif
