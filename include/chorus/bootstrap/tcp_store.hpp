@@ -33,6 +33,7 @@
 #include "chorus/bootstrap/store.hpp"
 #include "chorus/bootstrap/tcp_store/client.hpp"
 #include "chorus/bootstrap/tcp_store/server.hpp"
+#include "chorus/config.hpp"
 #include "chorus/detail/asio.hpp"
 
 namespace chorus {
@@ -44,27 +45,10 @@ class TcpStore final : public Store {
   /// to it as a client. Otherwise connect to host:port, retrying with backoff until `timeout`.
   /// `timeout` also bounds each call (get and wait take their own). `token`: the job token for
   /// the handshake (empty: none); client and server must agree.
-  TcpStore(std::string host, std::uint16_t port, bool is_server, std::chrono::milliseconds timeout,
-           std::string token = {})
-      : host_(std::move(host)), port_(port) {
-    if (is_server) {
-      server_ = std::make_unique<detail::TcpStoreServer>(host_, port, timeout, token);
-      auto ep = server_->local_endpoint();
-      port_ = ep.port();
-      auto addr = ep.address();
-      if (addr.is_unspecified())
-        addr = addr.is_v6() ? detail::asio::ip::address(detail::asio::ip::address_v6::loopback())
-                             : detail::asio::ip::address(detail::asio::ip::address_v4::loopback());
-      client_ = std::make_unique<detail::TcpStoreClient>(addr.to_string(), port_, timeout, token);
-    } else {
-      client_ = std::make_unique<detail::TcpStoreClient>(host_, port_, timeout, token);
-    }
-  }
+  CHORUS_DECL TcpStore(std::string host, std::uint16_t port, bool is_server, std::chrono::milliseconds timeout,
+                       std::string token = {});
 
-  ~TcpStore() override {
-    client_.reset();  // our own connection first, then the server
-    server_.reset();
-  }
+  CHORUS_DECL ~TcpStore() override;
 
   /// The port: the bound one for a server (useful with port 0), else the one connected to.
   std::uint16_t port() const { return port_; }
@@ -75,17 +59,13 @@ class TcpStore final : public Store {
   std::uint64_t requests_served() const { return server_ ? server_->requests_served() : 0; }
   std::uint64_t connections_accepted() const { return server_ ? server_->connections_accepted() : 0; }
 
-  void set(const std::string& key, const std::string& value) override { client_->set(key, value); }
-  std::string get(const std::string& key, Duration timeout) override { return client_->get(key, timeout); }
-  void wait(const std::vector<std::string>& keys, Duration timeout) override { client_->wait(keys, timeout); }
-  std::int64_t add(const std::string& key, std::int64_t delta) override { return client_->add(key, delta); }
-  bool check(const std::vector<std::string>& keys) override { return client_->check(keys); }
-  void set_within(const std::string& key, const std::string& value, Duration limit) override {
-    client_->set(key, value, limit);
-  }
-  bool check_within(const std::vector<std::string>& keys, Duration limit) override {
-    return client_->check(keys, limit);
-  }
+  CHORUS_DECL void set(const std::string& key, const std::string& value) override;
+  CHORUS_DECL std::string get(const std::string& key, Duration timeout) override;
+  CHORUS_DECL void wait(const std::vector<std::string>& keys, Duration timeout) override;
+  CHORUS_DECL std::int64_t add(const std::string& key, std::int64_t delta) override;
+  CHORUS_DECL bool check(const std::vector<std::string>& keys) override;
+  CHORUS_DECL void set_within(const std::string& key, const std::string& value, Duration limit) override;
+  CHORUS_DECL bool check_within(const std::vector<std::string>& keys, Duration limit) override;
 
  private:
   std::string host_;
@@ -95,3 +75,10 @@ class TcpStore final : public Store {
 };
 
 }  // namespace chorus
+
+// The bodies (bootstrap/impl/tcp_store.hpp): here in a header-only program; compiled once with
+// CHORUS_SEPARATE_COMPILATION (config.hpp, CHORUS_DECL), so that a file that makes a TcpStore
+// compiles neither its server nor its client (the destructor, out of line, holds the vtable).
+#if !defined(CHORUS_SEPARATE_COMPILATION)
+#include "chorus/bootstrap/impl/tcp_store.hpp"
+#endif

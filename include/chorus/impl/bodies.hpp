@@ -6,5 +6,6 @@
 
 #include "chorus/bootstrap/impl/local_launch.hpp"
 #include "chorus/bootstrap/impl/rendezvous.hpp"
+#include "chorus/bootstrap/impl/tcp_store.hpp"
 #include "chorus/detail/impl/log.hpp"
 #include "chorus/reduce/impl/host.hpp"
