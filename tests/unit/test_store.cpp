@@ -442,6 +442,13 @@ TEST_CASE("TcpStore: server destruction with connected clients; clients then fai
   CHECK(ms_since(t1) < 1000);
 }
 
+// g++ 12 reports the coroutine frame of the lambda below as freed by a mismatched operator delete
+// when it inlines Asio's frame allocation (::operator new in thread_info_base::allocate) next to
+// awaitable_frame_base's operator delete, which hands the memory back to the same allocator: a
+// false positive, seen at -O1 (CHORUS_TESTS_OPT) once this unity unit no longer emitted the store's
+// own coroutines. Limited to this test case: the pragma would otherwise hold to the unit's end.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 TEST_CASE(
     "TcpStore: set_within and check_within give up at their own bound on a store that does not answer") {
   // A server that completes the handshake, then reads requests and never answers (a store host
@@ -474,6 +481,7 @@ TEST_CASE(
   io.stop();
   server.join();
 }
+#pragma GCC diagnostic pop
 
 TEST_CASE("socket tuning: defaults, CHORUS_SOCKET_* variables, values that do not parse") {
   const char* names[] = {"CHORUS_SOCKET_USER_TIMEOUT", "CHORUS_SOCKET_KEEPALIVE_IDLE",
