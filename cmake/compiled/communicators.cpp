@@ -4,7 +4,7 @@
 // for all of them, so that what they share (the algorithms, the executors, the inline code of the
 // headers) is compiled once too.
 #include "chorus/chorus.hpp"
-#include "chorus/impl/bodies.hpp"  // the functions declared CHORUS_DECL (config.hpp): the stores, the launcher, the logger
+#include "chorus/impl/bodies.hpp"  // the functions declared CHORUS_DECL (config.hpp)
 
 #define CHORUS_DETAIL_COMMUNICATOR(T) template class chorus::Communicator<T>;
 CHORUS_COMPILED_TRANSPORTS(CHORUS_DETAIL_COMMUNICATOR)

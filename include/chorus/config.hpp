@@ -50,7 +50,8 @@
 /// chorus/src.hpp (both through chorus/impl/bodies.hpp), and every other unit sees the declaration
 /// only. The entry points so marked are those through which a unit would otherwise compile the
 /// stores, the launcher and the host reduction loops again: rendezvous(), launch_local(),
-/// launched_by_launcher(), the logger, and reduce() / finalize_avg() on a DataType.
+/// launched_by_launcher(), TcpStore's constructor, destructor and operations, the logger, and
+/// reduce() / finalize_avg() on a DataType.
 #if defined(CHORUS_SEPARATE_COMPILATION)
 #define CHORUS_DECL
 #else

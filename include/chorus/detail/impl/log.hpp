@@ -12,7 +12,6 @@
 
 namespace chorus::detail {
 
-/// Never destroyed, so threads that log while the process exits find it.
 CHORUS_DECL Logger& Logger::instance() {
   static Logger* const logger = new Logger(log_config_from_env());
   return *logger;
