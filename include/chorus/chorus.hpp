@@ -32,6 +32,7 @@
 #include "chorus/compiled.hpp"
 #include "chorus/fwd.hpp"
 #include "chorus/all_to_all_v.hpp"
+#include "chorus/v_collectives.hpp"
 #include "chorus/registered_memory.hpp"
 #include "chorus/sgd/sgd.hpp"
 

@@ -126,16 +126,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::ve
   if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_)
     fail(rank_, op, "expects one list of " + std::to_string(size_) + " output tensors");
   const at::Tensor input = inputs[0];
-  for (const auto& o : outputs[0]) check_same(rank_, op, input, o, true);
+  // Outputs of different sizes (rank p's output tensor holds what rank p contributes, this rank's
+  // as many elements as its input): an all_gather_v.
+  bool uneven = false;
+  int64_t total = 0;
+  for (const auto& o : outputs[0]) {
+    check_same(rank_, op, input, o, false);
+    uneven = uneven || o.numel() != input.numel();
+    total += o.numel();
+  }
+  if (outputs[0][static_cast<std::size_t>(rank_)].numel() != input.numel())
+    fail(rank_, op, "the output tensor of this rank has " + std::to_string(outputs[0][static_cast<std::size_t>(rank_)].numel()) +
+                        " elements, the input " + std::to_string(input.numel()));
   const Wire wire = wire_of(rank_, op, input.scalar_type());
   auto w = impl_->make(c10d::OpType::ALLGATHER, describe(op, input), outputs[0]);
   const at::Tensor in = input.contiguous();
-  const at::Tensor flat = at::empty({input.numel() * size_}, input.options());
+  const at::Tensor flat = at::empty({total}, input.options());
   w->keep(in);
   w->keep(flat);
   unpack(*w, flat, outputs[0]);
-  w->launch = launch(*impl_->comm,
-                     {.kind = Kind::all_gather, .in = in, .out = flat, .count = count_of(in), .dt = wire.dt});
+  if (uneven) {
+    std::vector<int64_t> counts;
+    for (const auto& o : outputs[0]) counts.push_back(o.numel());
+    w->launch = launch_all_gather_v(*impl_->comm, in, flat, std::move(counts), wire.dt);
+  } else {
+    w->launch = launch(*impl_->comm,
+                       {.kind = Kind::all_gather, .in = in, .out = flat, .count = count_of(in), .dt = wire.dt});
+  }
   w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
@@ -235,10 +252,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(
   if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_)
     fail(rank_, op, "expects one list of " + std::to_string(size_) + " input tensors");
   const at::Tensor output = outputs[0];
-  for (const auto& i : inputs[0]) check_same(rank_, op, output, i, true);
+  // Inputs of different sizes (the one for rank p holds rank p's block, this rank's as many
+  // elements as its output): a reduce_scatter_v.
+  bool uneven = false;
+  for (const auto& i : inputs[0]) {
+    check_same(rank_, op, output, i, false);
+    uneven = uneven || i.numel() != output.numel();
+  }
   at::Tensor flat = flatten(inputs[0]);
   at::Tensor out = output;
-  return reduce_scatter_flat(out, flat, opts, c10d::OpType::REDUCE_SCATTER, op);
+  if (!uneven) return reduce_scatter_flat(out, flat, opts, c10d::OpType::REDUCE_SCATTER, op);
+  if (inputs[0][static_cast<std::size_t>(rank_)].numel() != output.numel())
+    fail(rank_, op, "the input tensor for this rank has " + std::to_string(inputs[0][static_cast<std::size_t>(rank_)].numel()) +
+                        " elements, the output " + std::to_string(output.numel()));
+  const Wire wire = wire_of(rank_, op, output.scalar_type());
+  const chorus::ReduceOp rop = op_of(rank_, op, opts.reduceOp, wire);
+  auto w = impl_->make(c10d::OpType::REDUCE_SCATTER, describe(op, output) + " " + name_of(opts.reduceOp.op_), {output});
+  const at::Tensor o = staged(*w, output, true);
+  w->keep(flat);
+  w->keep(o);
+  std::vector<int64_t> counts;
+  for (const auto& i : inputs[0]) counts.push_back(i.numel());
+  w->launch = launch_reduce_scatter_v(*impl_->comm, flat, o, std::move(counts), wire.dt, rop);
+  w->bound(opts.timeout);
+  return impl_->enqueue(w);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions& opts) {

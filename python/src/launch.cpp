@@ -41,4 +41,25 @@ ChorusWork::Launch launch_all_to_all_v(Comm& comm, at::Tensor in, at::Tensor out
   };
 }
 
+ChorusWork::Launch launch_all_gather_v(Comm& comm, at::Tensor in, at::Tensor out, std::vector<int64_t> counts,
+                                       chorus::DataType dt) {
+  return [c = &comm, in = std::move(in), out = std::move(out), counts = std::move(counts), dt](ChorusWork& self) {
+    const std::vector<std::size_t> n(counts.begin(), counts.end());
+    c->barrier();
+    chorus::all_gather_v(*c, data_of(in), n[static_cast<std::size_t>(c->rank())], data_of(out),
+                         std::span<const std::size_t>(n), {}, dt);
+    self.complete();
+  };
+}
+
+ChorusWork::Launch launch_reduce_scatter_v(Comm& comm, at::Tensor in, at::Tensor out, std::vector<int64_t> counts,
+                                           chorus::DataType dt, chorus::ReduceOp op) {
+  return [c = &comm, in = std::move(in), out = std::move(out), counts = std::move(counts), dt, op](ChorusWork& self) {
+    const std::vector<std::size_t> n(counts.begin(), counts.end());
+    c->barrier();
+    chorus::reduce_scatter_v(*c, data_of(in), data_of(out), std::span<const std::size_t>(n), dt, op);
+    self.complete();
+  };
+}
+
 }  // namespace chorus_torch

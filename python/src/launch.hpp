@@ -5,8 +5,9 @@
 // A collective is described as plain data (Collective: chorus::Call's fields, with tensors for
 // its buffers); launch() turns it into the Work's launch, which starts it through chorus's one
 // type-erased entry point (chorus::start, chorus/call.hpp) and attaches its request to the Work.
-// all_to_all with per-rank counts has a launch of its own: chorus runs it point to point,
-// blocking, on the thread that issues it.
+// all_to_all, all_gather and reduce_scatter with per-rank counts have launches of their own: chorus
+// runs them point to point (all_to_all_v.hpp, v_collectives.hpp), blocking, on the thread that
+// issues them.
 
 #include <cstddef>
 #include <cstdint>
@@ -48,5 +49,17 @@ ChorusWork::Launch launch(Comm& comm, Collective call);
 ChorusWork::Launch launch_all_to_all_v(Comm& comm, at::Tensor in, at::Tensor out,
                                        std::vector<int64_t> in_counts, std::vector<int64_t> out_counts,
                                        chorus::DataType dt);
+
+/// The launch of an all_gather with per-rank counts: this rank's `in` (counts[rank] elements), and
+/// rank p's counts[p] elements into `out` at the running offsets. chorus::all_gather_v after a
+/// barrier, as launch_all_to_all_v.
+ChorusWork::Launch launch_all_gather_v(Comm& comm, at::Tensor in, at::Tensor out, std::vector<int64_t> counts,
+                                       chorus::DataType dt);
+
+/// The launch of a reduce_scatter with per-rank counts: `in` holds counts[p] elements for each rank
+/// p, back to back; this rank's `out` receives its block reduced with `op`. chorus::reduce_scatter_v
+/// after a barrier, as launch_all_to_all_v.
+ChorusWork::Launch launch_reduce_scatter_v(Comm& comm, at::Tensor in, at::Tensor out, std::vector<int64_t> counts,
+                                           chorus::DataType dt, chorus::ReduceOp op);
 
 }  // namespace chorus_torch

@@ -308,6 +308,48 @@ class Checks:
                         return o
                     self.with_gloo(n, cat, on_gloo, lambda o, out=out: self.expect(cat, torch.equal(out, o), "differs from gloo"))
 
+    # ---- uneven all_gather and reduce_scatter (chorus's all_gather_v, reduce_scatter_v) -------------
+    def uneven_sizes(self, n):
+        """Elements of rank p's block: different per rank, 0 among them where n allows."""
+        return [(n + 3 * p) % (n + 5) for p in range(self.world)]
+
+    def all_gather_uneven(self):
+        """all_gather into output tensors of different sizes: rank p's holds what rank p gives
+        (1-D, and rows of 3 as a batch of variable length)."""
+        cat = "all_gather_uneven"
+        for dtype in DTYPES:
+            for n in SIZES:
+                seed = seed_of(11, n)
+                sizes = self.uneven_sizes(n)
+                outs = [torch.full((sizes[p],), 1, dtype=dtype) for p in range(self.world)]
+                dist.all_gather(outs, make(self.rank, dtype, sizes[self.rank], seed))
+                ok = all(torch.equal(outs[p], make(p, dtype, sizes[p], seed)) for p in range(self.world))
+                self.expect(cat, ok, "%s sizes=%s" % (dtype, sizes))
+                rows = [torch.empty((sizes[p], 3), dtype=dtype) for p in range(self.world)]
+                dist.all_gather(rows, make(self.rank, dtype, 3 * sizes[self.rank], seed + 1).view(-1, 3))
+                ok = all(torch.equal(rows[p], make(p, dtype, 3 * sizes[p], seed + 1).view(-1, 3)) for p in range(self.world))
+                self.expect(cat, ok, "rows of 3 %s sizes=%s" % (dtype, sizes))
+        # This rank's output tensor must match its input: an error on every rank, before anything moves.
+        bad = [torch.empty(p + 2) for p in range(self.world)]
+        self.expect_error(cat, lambda: dist.all_gather(bad, torch.zeros(1)), ["allgather", "output tensor of this rank"])
+
+    def reduce_scatter_uneven(self):
+        """reduce_scatter from input tensors of different sizes: the one for rank p holds rank p's block."""
+        cat = "reduce_scatter_uneven"
+        for dtype in DTYPES:
+            for name in ("SUM", "MIN", "BXOR"):
+                if name in BITWISE and dtype in FLOATS:
+                    continue
+                for n in SIZES:
+                    seed = seed_of(12, n, list(OPS).index(name))
+                    sizes = self.uneven_sizes(n)
+                    ins = [make(self.rank, dtype, sizes[j], seed + j, kind_of(name)) for j in range(self.world)]
+                    out = torch.empty(sizes[self.rank], dtype=dtype)
+                    dist.reduce_scatter(out, ins, op=OPS[name])
+                    want = reference([make(r, dtype, sizes[self.rank], seed + self.rank, kind_of(name))
+                                      for r in range(self.world)], name, dtype, self.world)
+                    self.expect(cat, torch.equal(out, want), "%s %s sizes=%s" % (name, dtype, sizes))
+
     # ---- all_to_all -------------------------------------------------------------------------------
     @staticmethod
     def split(src, dst, n):
@@ -485,7 +527,7 @@ def run_all(rank, world):
     for name in OPS:
         c.section("all_reduce_" + name, lambda name=name: c.all_reduce(name))
     for fn in ("broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
-               "all_to_all_single", "all_to_all", "send_recv", "barrier", "subgroups", "async_work", "call_errors"):
+               "all_gather_uneven", "reduce_scatter_uneven", "all_to_all_single", "all_to_all", "send_recv", "barrier", "subgroups", "async_work", "call_errors"):
         c.section(fn if fn != "async_work" else "async", getattr(c, fn))
     dist.barrier()
     return {"failures": c.failures, "checks": c.checks, "gloo": c.gloo}
