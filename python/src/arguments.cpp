@@ -88,6 +88,7 @@ chorus::ReduceOp op_of(int rank, const std::string& op, const c10d::ReduceOp& r,
     case R::BAND: out = chorus::ReduceOp::band; break;
     case R::BOR: out = chorus::ReduceOp::bor; break;
     case R::BXOR: out = chorus::ReduceOp::bxor; break;
+    case R::PREMUL_SUM: out = chorus::ReduceOp::sum; break;  // the inputs scaled first: premul_factor
     default: fail(rank, op, std::string("ReduceOp ") + name_of(r.op_) + " is not supported by chorus");
   }
   if (!chorus::is_valid_op(w.dt, out))
@@ -95,6 +96,18 @@ chorus::ReduceOp op_of(int rank, const std::string& op, const c10d::ReduceOp& r,
          std::string("ReduceOp ") + name_of(r.op_) + " does not apply to " +
              std::string(chorus::to_string(w.dt)) + " tensors (bitwise ops take integer and bool tensors)");
   return out;
+}
+
+at::Tensor premul_factor(int rank, const std::string& op, const c10d::ReduceOp& r, const at::Tensor& like) {
+  if (r.op_ != c10d::ReduceOp::PREMUL_SUM) return {};
+  const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(r.supplement_.get());
+  if (s == nullptr)
+    fail(rank, op, "PREMUL_SUM without its factor (make the op with torch.distributed._make_nccl_premul_sum)");
+  if (s->tensor_factors.empty()) return at::scalar_tensor(s->double_factor, like.options());
+  const at::Tensor& f = s->tensor_factors[0];
+  if (s->tensor_factors.size() != 1 || !f.defined() || f.numel() != 1 || !f.device().is_cpu())
+    fail(rank, op, "PREMUL_SUM's factor must be one CPU tensor of one element");
+  return f.reshape({}).to(like.scalar_type());
 }
 
 void check_tensor(int rank, const std::string& op, const at::Tensor& t) {

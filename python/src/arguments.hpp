@@ -40,6 +40,12 @@ const char* name_of(c10d::ReduceOp::RedOpType op);
 /// SUM and MAX are "any" (max of 0/1), PRODUCT and MIN "all" (min), the bitwise ops apply to 0/1.
 chorus::ReduceOp op_of(int rank, const std::string& op, const c10d::ReduceOp& r, Wire w);
 
+/// PREMUL_SUM's factor (torch.distributed._make_nccl_premul_sum: a float, or a list holding one
+/// one-element tensor) as a 0-dim tensor of `like`'s dtype, as NCCL's ncclRedOpCreatePreMulSum
+/// takes the scalar in the data's type; an undefined tensor for every other op. (op_of maps
+/// PREMUL_SUM to sum: the inputs are scaled before the sum, launch_premul.)
+at::Tensor premul_factor(int rank, const std::string& op, const c10d::ReduceOp& r, const at::Tensor& like);
+
 /// A defined, strided CPU tensor.
 void check_tensor(int rank, const std::string& op, const at::Tensor& t);
 

@@ -29,6 +29,17 @@ at::Tensor flatten(const std::vector<at::Tensor>& ts) {
   return at::cat(parts);
 }
 
+/// `call`'s launch; with a PREMUL_SUM `factor` (premul_factor), its input is first scaled into a
+/// tensor of its own, which the Work keeps: the caller's tensors are read, never scaled in place
+/// (a reduce's non-root tensors stay as they are).
+ChorusWork::Launch launch_or_premul(Comm& comm, ChorusWork& w, Collective call, const at::Tensor& factor) {
+  if (!factor.defined()) return launch(comm, std::move(call));
+  const at::Tensor src = call.in;
+  call.in = at::empty_like(src);
+  w.keep(call.in);
+  return launch_premul(comm, std::move(call), src, factor);
+}
+
 /// The tensors of a coalesced call: at least one, each as check_tensor accepts, all of the dtype
 /// of the first (as gloo requires).
 void check_list(int rank, const std::string& op, const std::vector<at::Tensor>& ts) {
@@ -71,8 +82,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Ten
   auto w = impl_->make(c10d::OpType::ALLREDUCE, describe(op, t) + " " + name_of(opts.reduceOp.op_), tensors);
   const at::Tensor buf = staged(*w, t, true);
   w->keep(buf);
-  w->launch = launch(*impl_->comm, {.kind = Kind::all_reduce, .in = buf, .out = buf, .count = count_of(buf),
-                                    .dt = wire.dt, .op = rop});
+  const Collective call{.kind = Kind::all_reduce, .in = buf, .out = buf, .count = count_of(buf), .dt = wire.dt, .op = rop};
+  w->launch = launch_or_premul(*impl_->comm, *w, call, premul_factor(rank_, op, opts.reduceOp, t));
   w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
@@ -92,8 +103,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor
   const at::Tensor out = rank_ == root ? in : at::empty_like(in);
   w->keep(in);
   w->keep(out);
-  w->launch = launch(*impl_->comm, {.kind = Kind::reduce, .in = in, .out = out, .count = count_of(in),
-                                    .dt = wire.dt, .op = rop, .root = root});
+  const Collective call{.kind = Kind::reduce, .in = in, .out = out, .count = count_of(in), .dt = wire.dt, .op = rop,
+                        .root = root};
+  w->launch = launch_or_premul(*impl_->comm, *w, call, premul_factor(rank_, op, opts.reduceOp, t));
   w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
@@ -237,9 +249,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter_flat(at::Tenso
   const at::Tensor out = staged(*w, output, true);
   w->keep(in);
   w->keep(out);
-  w->launch = launch(
-      *impl_->comm,
-      {.kind = Kind::reduce_scatter, .in = in, .out = out, .count = count_of(out), .dt = wire.dt, .op = rop});
+  const Collective call{.kind = Kind::reduce_scatter, .in = in, .out = out, .count = count_of(out), .dt = wire.dt,
+                        .op = rop};
+  w->launch = launch_or_premul(*impl_->comm, *w, call, premul_factor(rank_, op, opts.reduceOp, output));
   w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
@@ -273,7 +285,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(
   w->keep(o);
   std::vector<int64_t> counts;
   for (const auto& i : inputs[0]) counts.push_back(i.numel());
-  w->launch = launch_reduce_scatter_v(*impl_->comm, flat, o, std::move(counts), wire.dt, rop);
+  w->launch = launch_reduce_scatter_v(*impl_->comm, flat, o, std::move(counts), wire.dt, rop,
+                                      premul_factor(rank_, op, opts.reduceOp, output));
   w->bound(opts.timeout);
   return impl_->enqueue(w);
 }
@@ -300,8 +313,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_coalesced(std::vect
                        describe_list(op, tensors, flat.numel()) + " " + name_of(opts.reduceOp.op_), tensors);
   w->keep(flat);
   unpack(*w, flat, tensors);
-  w->launch = launch(*impl_->comm, {.kind = Kind::all_reduce, .in = flat, .out = flat, .count = count_of(flat),
-                                    .dt = wire.dt, .op = rop});
+  const Collective call{.kind = Kind::all_reduce, .in = flat, .out = flat, .count = count_of(flat), .dt = wire.dt,
+                        .op = rop};
+  w->launch = launch_or_premul(*impl_->comm, *w, call, premul_factor(rank_, op, opts.reduceOp, tensors[0]));
   w->bound(opts.timeout);
   return impl_->enqueue(w);
 }

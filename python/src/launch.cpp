@@ -27,6 +27,15 @@ ChorusWork::Launch launch(Comm& comm, Collective call) {
   return [c = &comm, call = std::move(call)](ChorusWork& self) { self.attach({chorus::start(*c, call_of(call))}); };
 }
 
+ChorusWork::Launch launch_premul(Comm& comm, Collective call, at::Tensor src, at::Tensor factor) {
+  return [c = &comm, call = std::move(call), src = std::move(src), factor = std::move(factor)](ChorusWork& self) {
+    c->barrier();
+    at::Tensor scaled = call.in;
+    at::mul_out(scaled, src, factor);
+    self.attach({chorus::start(*c, call_of(call))});
+  };
+}
+
 ChorusWork::Launch launch_all_to_all_v(Comm& comm, at::Tensor in, at::Tensor out,
                                        std::vector<int64_t> in_counts, std::vector<int64_t> out_counts,
                                        chorus::DataType dt) {
@@ -53,10 +62,12 @@ ChorusWork::Launch launch_all_gather_v(Comm& comm, at::Tensor in, at::Tensor out
 }
 
 ChorusWork::Launch launch_reduce_scatter_v(Comm& comm, at::Tensor in, at::Tensor out, std::vector<int64_t> counts,
-                                           chorus::DataType dt, chorus::ReduceOp op) {
-  return [c = &comm, in = std::move(in), out = std::move(out), counts = std::move(counts), dt, op](ChorusWork& self) {
+                                           chorus::DataType dt, chorus::ReduceOp op, at::Tensor factor) {
+  return [c = &comm, in = std::move(in), out = std::move(out), counts = std::move(counts), dt, op,
+          factor = std::move(factor)](ChorusWork& self) mutable {
     const std::vector<std::size_t> n(counts.begin(), counts.end());
     c->barrier();
+    if (factor.defined()) in.mul_(factor);
     chorus::reduce_scatter_v(*c, data_of(in), data_of(out), std::span<const std::size_t>(n), dt, op);
     self.complete();
   };

@@ -40,6 +40,12 @@ struct Collective {
 /// The launch of `call` on `comm`: starts it (chorus::start) and attaches its request.
 ChorusWork::Launch launch(Comm& comm, Collective call);
 
+/// The launch of `call` with PREMUL_SUM (call.op is sum): fills call.in (a tensor of src's size
+/// and dtype, which the Work keeps) with src * factor (premul_factor: a 0-dim tensor of the dtype),
+/// then starts the sum. After a barrier, as launch_all_to_all_v: the scaling then reads src after
+/// every collective issued before has written it.
+ChorusWork::Launch launch_premul(Comm& comm, Collective call, at::Tensor src, at::Tensor factor);
+
 /// The launch of an all_to_all with per-rank counts: `in_counts[p]` elements of `in` go to rank p,
 /// `out_counts[p]` into `out` come from it, at the running offsets. chorus::all_to_all_v (point to
 /// point, blocking on the thread that issues it) after a barrier. The barrier is a blocking
@@ -58,8 +64,9 @@ ChorusWork::Launch launch_all_gather_v(Comm& comm, at::Tensor in, at::Tensor out
 
 /// The launch of a reduce_scatter with per-rank counts: `in` holds counts[p] elements for each rank
 /// p, back to back; this rank's `out` receives its block reduced with `op`. chorus::reduce_scatter_v
-/// after a barrier, as launch_all_to_all_v.
+/// after a barrier, as launch_all_to_all_v; with a defined `factor` (PREMUL_SUM), `in` (the
+/// backend's own copy) is multiplied by it first.
 ChorusWork::Launch launch_reduce_scatter_v(Comm& comm, at::Tensor in, at::Tensor out, std::vector<int64_t> counts,
-                                           chorus::DataType dt, chorus::ReduceOp op);
+                                           chorus::DataType dt, chorus::ReduceOp op, at::Tensor factor = {});
 
 }  // namespace chorus_torch

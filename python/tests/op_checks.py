@@ -350,6 +350,50 @@ class Checks:
                                       for r in range(self.world)], name, dtype, self.world)
                     self.expect(cat, torch.equal(out, want), "%s %s sizes=%s" % (name, dtype, sizes))
 
+    # ---- PREMUL_SUM ----------------------------------------------------------------------------------
+    def premul_sum(self):
+        """PREMUL_SUM (torch.distributed._make_nccl_premul_sum): every rank's input times the factor
+        (taken in the tensor's dtype, as NCCL takes it), then summed; the factor as a float and as a
+        one-element tensor; all_reduce, reduce (the other ranks' tensors unchanged), reduce_scatter
+        (list, tensor, uneven) and all_reduce_coalesced."""
+        cat = "premul_sum"
+        w, me = self.world, self.rank
+        for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32):
+            for n in SIZES:
+                for factor in (2.0, 0.5, [torch.tensor(3.0)]):
+                    f = factor[0].item() if isinstance(factor, list) else factor
+                    op = dist._make_nccl_premul_sum(factor)
+                    scale = lambda x: x * torch.scalar_tensor(f, dtype=dtype)
+                    seed = seed_of(13, n, DTYPES.index(dtype))
+                    what = "%s n=%d factor %s" % (dtype, n, factor)
+                    want = reference([scale(make(r, dtype, n, seed)) for r in range(w)], "SUM", dtype, w)
+                    t = make(me, dtype, n, seed)
+                    dist.all_reduce(t, op=op)
+                    self.expect(cat, torch.equal(t, want), "all_reduce " + what)
+                    t = make(me, dtype, n, seed)
+                    dist.reduce(t, dst=w - 1, op=op)
+                    self.expect(cat, torch.equal(t, want if me == w - 1 else make(me, dtype, n, seed)), "reduce " + what)
+                    a, b = make(me, dtype, n, seed), make(me, dtype, n, seed + 1)
+                    dist.all_reduce_coalesced([a, b], op=op)
+                    want_b = reference([scale(make(r, dtype, n, seed + 1)) for r in range(w)], "SUM", dtype, w)
+                    self.expect(cat, torch.equal(a, want) and torch.equal(b, want_b), "all_reduce_coalesced " + what)
+                    ins = [make(me, dtype, n, seed + 2 + j) for j in range(w)]
+                    want_rs = reference([scale(make(r, dtype, n, seed + 2 + me)) for r in range(w)], "SUM", dtype, w)
+                    out = torch.empty(n, dtype=dtype)
+                    dist.reduce_scatter(out, ins, op=op)
+                    self.expect(cat, torch.equal(out, want_rs), "reduce_scatter " + what)
+                    out = torch.empty(n, dtype=dtype)
+                    dist.reduce_scatter_tensor(out, torch.cat(ins), op=op)
+                    self.expect(cat, torch.equal(out, want_rs), "reduce_scatter_tensor " + what)
+                    sizes = self.uneven_sizes(n)
+                    ins = [make(me, dtype, sizes[j], seed + 3 + j) for j in range(w)]
+                    want_u = reference([scale(make(r, dtype, sizes[me], seed + 3 + me)) for r in range(w)], "SUM", dtype, w)
+                    out = torch.empty(sizes[me], dtype=dtype)
+                    dist.reduce_scatter(out, ins, op=op)
+                    self.expect(cat, torch.equal(out, want_u), "uneven reduce_scatter " + what)
+        self.expect_error(cat, lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool), op=dist._make_nccl_premul_sum(2.0)),
+                          ["allreduce", "PREMUL_SUM", "bool"])
+
     # ---- all_to_all -------------------------------------------------------------------------------
     @staticmethod
     def split(src, dst, n):
@@ -527,7 +571,7 @@ def run_all(rank, world):
     for name in OPS:
         c.section("all_reduce_" + name, lambda name=name: c.all_reduce(name))
     for fn in ("broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
-               "all_gather_uneven", "reduce_scatter_uneven", "all_to_all_single", "all_to_all", "send_recv", "barrier", "subgroups", "async_work", "call_errors"):
+               "all_gather_uneven", "reduce_scatter_uneven", "premul_sum", "all_to_all_single", "all_to_all", "send_recv", "barrier", "subgroups", "async_work", "call_errors"):
         c.section(fn if fn != "async_work" else "async", getattr(c, fn))
     dist.barrier()
     return {"failures": c.failures, "checks": c.checks, "gloo": c.gloo}

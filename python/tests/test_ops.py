@@ -11,8 +11,8 @@ import op_checks
 WORLDS = [2, 3, 4]
 CATEGORIES = ["all_reduce_" + op for op in op_checks.OPS] + [
     "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
-    "all_gather_uneven", "reduce_scatter_uneven", "all_to_all_single", "all_to_all", "send_recv", "barrier",
-    "subgroups", "async", "errors",
+    "all_gather_uneven", "reduce_scatter_uneven", "premul_sum", "all_to_all_single", "all_to_all", "send_recv",
+    "barrier", "subgroups", "async", "errors",
 ]
 # Categories whose every call gloo also runs (on this torch): at least one comparison each.
 GLOO_COMPARED = ["all_reduce_SUM", "all_reduce_MIN", "broadcast", "reduce", "all_gather", "gather", "scatter",
