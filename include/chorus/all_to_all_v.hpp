@@ -20,7 +20,6 @@
 
 #include <cstddef>
 #include <cstring>
-#include <exception>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +28,7 @@
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
 #include "chorus/core/types.hpp"
+#include "chorus/v_collectives.hpp"  // v_detail::wait_all
 
 namespace chorus {
 
@@ -74,15 +74,7 @@ void all_to_all_v(Comm& comm, const void* in, std::span<const std::size_t> send_
         ConstBytes{send_counts[to] ? src + send_at[to] : nullptr, send_counts[to] * es}, to, tag));
   }
   if (send_counts[me] != 0) std::memmove(dst + recv_at[me], src + send_at[me], send_counts[me] * es);
-  std::exception_ptr first;
-  for (auto& r : reqs) {
-    try {
-      r.wait();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  v_detail::wait_all(reqs);
 }
 
 }  // namespace chorus

@@ -81,7 +81,16 @@ inline void check_root(const ErrorContext& ctx, int root, int n) {
                 "root " + std::to_string(root) + " is not a rank of a communicator of " + std::to_string(n));
 }
 
-/// Waits for every request; rethrows the first error once all have settled.
+/// A rank's own entry in counts must equal what it passes as its count (`verb`: "contributes" or
+/// "receives").
+inline void check_own_count(const ErrorContext& ctx, const char* verb, std::size_t count, std::size_t entry) {
+  if (count != entry)
+    throw Error(ErrorCode::invalid_argument, ctx,
+                std::string(verb) + " " + std::to_string(count) + " elements but its entry in counts is " +
+                    std::to_string(entry));
+}
+
+/// Waits for every request; rethrows the first error once all have settled (all_to_all_v too).
 inline void wait_all(std::vector<Request>& reqs) {
   std::exception_ptr first;
   for (auto& r : reqs) {
@@ -113,10 +122,7 @@ void all_gather_v(Comm& comm, const void* in, std::size_t count, void* out, std:
   const ErrorContext ctx{me, -1, "all_gather_v " + std::string(to_string(dt))};
   const std::size_t es = v_detail::element_size(ctx, dt);
   const auto place = v_detail::offsets(ctx, n, counts, displs);
-  if (count != counts[me])
-    throw Error(ErrorCode::invalid_argument, ctx,
-                "contributes " + std::to_string(count) + " elements but its entry in counts is " +
-                    std::to_string(counts[me]));
+  v_detail::check_own_count(ctx, "contributes", count, counts[me]);
   // Receives first, then sends, in the order of distance on the ring, then this rank's own block.
   std::vector<Request> reqs;
   reqs.reserve(2 * static_cast<std::size_t>(n));
@@ -146,10 +152,7 @@ void gather_v(Comm& comm, const void* in, std::size_t count, void* out, std::spa
     return;
   }
   const auto place = v_detail::offsets(ctx, n, counts, displs);
-  if (count != counts[me])
-    throw Error(ErrorCode::invalid_argument, ctx,
-                "contributes " + std::to_string(count) + " elements but its entry in counts is " +
-                    std::to_string(counts[me]));
+  v_detail::check_own_count(ctx, "contributes", count, counts[me]);
   std::vector<Request> reqs;
   reqs.reserve(static_cast<std::size_t>(n));
   for (int p = 0; p < n; ++p)
@@ -173,10 +176,7 @@ void scatter_v(Comm& comm, const void* in, std::span<const std::size_t> counts, 
     return;
   }
   const auto place = v_detail::offsets(ctx, n, counts, displs);
-  if (count != counts[me])
-    throw Error(ErrorCode::invalid_argument, ctx,
-                "receives " + std::to_string(count) + " elements but its entry in counts is " +
-                    std::to_string(counts[me]));
+  v_detail::check_own_count(ctx, "receives", count, counts[me]);
   std::vector<Request> reqs;
   reqs.reserve(static_cast<std::size_t>(n));
   for (int k = 1; k < n; ++k) {
