@@ -29,6 +29,7 @@
 #include "chorus/transport/tcp/transport.hpp"
 #include "chorus/communicator.hpp"
 #include "chorus/call.hpp"
+#include "chorus/group.hpp"
 #include "chorus/compiled.hpp"
 #include "chorus/fwd.hpp"
 #include "chorus/all_to_all_v.hpp"

@@ -47,6 +47,8 @@
 
 namespace chorus {
 
+namespace detail { struct GroupItem; }  // impl/group_items.hpp
+
 /// A contiguous range of trivially copyable elements: std::vector, std::array, std::span, ...
 template <class R>
 concept ByteRange = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
@@ -141,9 +143,9 @@ class Communicator {
 
   /// Point-to-point. tag must be in [0, 2^31). Blocking forms wait for completion.
   template <ByteRange R>
-  void send(const R& data, int peer, int tag = 0) { isend(data, peer, tag).wait(); }
+  void send(const R& data, int peer, int tag = 0) { done_unless_grouped(isend(data, peer, tag)); }
   template <WritableByteRange R>
-  void recv(R&& data, int peer, int tag = 0) { irecv(std::forward<R>(data), peer, tag).wait(); }
+  void recv(R&& data, int peer, int tag = 0) { done_unless_grouped(irecv(std::forward<R>(data), peer, tag)); }
   template <ByteRange R>
   Request isend(const R& data, int peer, int tag = 0) {
     return isend_bytes(ConstBytes{reinterpret_cast<const std::byte*>(std::ranges::data(data)),
@@ -159,20 +161,18 @@ class Communicator {
   Request isend_bytes(ConstBytes data, int peer, int tag);
   Request irecv_bytes(MutableBytes data, int peer, int tag);
 
-  /// Receive from any source (MPI_ANY_SOURCE, gloo's recvFromAny): takes the first message with
-  /// `tag` that reaches this rank from any other rank of the communicator, and
-  /// Request::source() names its sender once the request is complete (-1 before); recv_any
-  /// returns it. Each message goes to exactly one receive: messages from one rank still match in
-  /// the order they were sent, and on one link the receives for a tag, ordinary and from any
-  /// source, take them in the order they were posted. Between ranks there is no order: when
-  /// several have sent, any of them may be taken first. A message of another size fails it with
-  /// mismatch naming the sender; like every request it is bounded by the timeout (which aborts
-  /// the communicator). It fails with peer_failure (`aborted` after this rank's abort()) once
-  /// no rank is left that could send it: when the communicator is aborted, or the links to
-  /// every other rank have broken; one rank's failure or leaving alone does not end it, since
-  /// another may still send. Host buffers only, as send and recv; a communicator of one rank, or
-  /// a negative tag, is invalid_argument. Every transport has it (inproc, tcp, shm, rdma, the
-  /// default transport's mix).
+  /// Receive from any source (MPI_ANY_SOURCE, gloo's recvFromAny): takes the first message with `tag` that
+  /// reaches this rank from any other rank of the communicator, and Request::source() names its sender once
+  /// the request is complete (-1 before); recv_any returns it. Each message goes to exactly one receive:
+  /// messages from one rank still match in the order they were sent, and on one link the receives for a tag,
+  /// ordinary and from any source, take them in the order they were posted. Between ranks there is no order:
+  /// when several have sent, any of them may be taken first. A message of another size fails it with mismatch
+  /// naming the sender; like every request it is bounded by the timeout (which aborts the communicator). It
+  /// fails with peer_failure (`aborted` after this rank's abort()) once no rank is left that could send it:
+  /// when the communicator is aborted, or the links to every other rank have broken; one rank's failure or
+  /// leaving alone does not end it, since another may still send. Host buffers only, as send and recv; a
+  /// communicator of one rank, or a negative tag, is invalid_argument. Every transport has it (inproc, tcp,
+  /// shm, rdma, the default transport's mix).
   ///
   ///   std::vector<float> v(8);
   ///   const int from = comm.recv_any(v, /*tag=*/3);  // whichever rank's message came first
@@ -196,6 +196,26 @@ class Communicator {
   /// Returns when every rank has entered the barrier.
   void barrier() { start({.kind = CallKind::barrier}, CallMode::blocking); }
   Request barrier_async() { return start({.kind = CallKind::barrier}, CallMode::async); }
+
+  /// Group calls, as ncclGroupStart/End (chorus/group.hpp: scope, rules, fusion): what this thread issues
+  /// on this communicator in between, blocking forms too, returns at once and runs at the outermost
+  /// group_end(), which returns when it is done (calls on a stream are issued on it then).
+  void group_start();
+  void group_end();
+  /// Drops the open group: its requests fail, nothing is sent (an exception's path out of a scope).
+  void group_abandon();
+  bool in_group() const;  ///< a group is open on this thread
+  template <class F>
+  void group(F&& f) {
+    group_start();
+    try {
+      f();
+    } catch (...) {
+      group_abandon();
+      throw;
+    }
+    group_end();
+  }
 
   // ---- Collectives ----------------------------------------------------------------------------
   // Every rank calls the same collectives in the same order with matching sizes, dtypes, ops and
@@ -343,6 +363,15 @@ class Communicator {
   ///   if (first4.valid()) first4.all_reduce(v, chorus::ReduceOp::sum);
   Communicator split(int color, int key);
 
+  /// A communicator of `ranks` (ranks of this one, numbered in the order given), like
+  /// MPI_Comm_create_group: collective over those ranks only (the others need not call it), every
+  /// member passing the same list. It shares this one's links (no new connection) and runs
+  /// concurrently with it, as split's do (and with its options: the links' timeout is this one's).
+  /// An empty list, a rank twice or out of range, or a list without the caller is invalid_argument.
+  ///
+  ///   auto evens = comm.subset(std::vector<int>{0, 2, 4, 6});  // called by ranks 0, 2, 4, 6 only
+  Communicator subset(std::span<const int> ranks);
+
   /// A new communicator of the ranks that are still alive, like ULFM's MPIX_Comm_shrink and
   /// ncclCommShrink: collective over the survivors, each of which calls it (typically after a
   /// call failed with peer_failure). This communicator is aborted first (its pending calls fail,
@@ -433,50 +462,32 @@ class Communicator {
   Request kernel_call(algo::CollectiveDesc desc, const std::byte* in, std::byte* out, const device::Stream* stream,
                       bool async);
   void abort_with(const Error& why);
+  static Communicator adopt(State& st, const std::vector<int>& parents, const std::string& key_name);
+  std::vector<detail::GroupItem> close_group(const char* op);
+  Request record_call(const Call& c, std::optional<device::Stream> stream);
+  Request record_p2p(bool send, const std::byte* data, std::size_t bytes, int peer, int tag);
+  /// send, recv: a group runs them at its end.
+  void done_unless_grouped(Request r) {
+    if (!in_group()) r.wait();
+  }
 
-  // The Call of each typed form, after its size checks.
+  // The Call of each typed form, after its size checks (impl/typed_calls.hpp).
   template <class In, class Out>
-  Call all_reduce_call(const In& in, Out&& out, ReduceOp op) const {
-    same_size(count_of(in), count_of(out), "all_reduce: in and out");
-    return {CallKind::all_reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op};
-  }
+  Call all_reduce_call(const In& in, Out&& out, ReduceOp op) const;
   template <class R>
-  Call broadcast_call(R&& buf, int root) const {
-    return {CallKind::broadcast, std::ranges::data(buf), std::ranges::data(buf), count_of(buf), dtype_of<R>(), ReduceOp::sum, root};
-  }
+  Call broadcast_call(R&& buf, int root) const;
   template <class In, class Out>
-  Call reduce_call(const In& in, Out&& out, ReduceOp op, int root) const {
-    if (rank() == root) same_size(count_of(in), count_of(out), "reduce: in and out (root)");
-    return {CallKind::reduce, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), op, root};
-  }
+  Call reduce_call(const In& in, Out&& out, ReduceOp op, int root) const;
   template <class In, class Out>
-  Call scatter_call(const In& in, Out&& out, int root) const {
-    if (rank() == root) same_size(count_of(in), count_of(out) * size(), "scatter: in (root) and size() x out");
-    return {CallKind::scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), ReduceOp::sum, root};
-  }
+  Call scatter_call(const In& in, Out&& out, int root) const;
   template <class In, class Out>
-  Call gather_call(const In& in, Out&& out, int root) const {
-    if (rank() == root) same_size(count_of(out), count_of(in) * size(), "gather: out (root) and size() x in");
-    return {CallKind::gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>(), ReduceOp::sum, root};
-  }
+  Call gather_call(const In& in, Out&& out, int root) const;
   template <class In, class Out>
-  Call all_gather_call(const In& in, Out&& out) const {
-    same_size(count_of(out), count_of(in) * size(), "all_gather: out and size() x in");
-    return {CallKind::all_gather, std::ranges::data(in), std::ranges::data(out), count_of(in), dtype_of<In>()};
-  }
+  Call all_gather_call(const In& in, Out&& out) const;
   template <class In, class Out>
-  Call reduce_scatter_call(const In& in, Out&& out, ReduceOp op) const {
-    same_size(count_of(in), count_of(out) * size(), "reduce_scatter: in and size() x out");
-    return {CallKind::reduce_scatter, std::ranges::data(in), std::ranges::data(out), count_of(out), dtype_of<Out>(), op};
-  }
+  Call reduce_scatter_call(const In& in, Out&& out, ReduceOp op) const;
   template <class In, class Out>
-  Call all_to_all_call(const In& in, Out&& out) const {
-    same_size(count_of(in), count_of(out), "all_to_all: in and out");
-    if (count_of(in) % size() != 0)
-      throw Error(ErrorCode::invalid_argument, ErrorContext{rank(), -1, "all_to_all"},
-                  "in has " + std::to_string(count_of(in)) + " elements, not a multiple of size() " + std::to_string(size()));
-    return {CallKind::all_to_all, std::ranges::data(in), std::ranges::data(out), count_of(in) / size(), dtype_of<In>()};
-  }
+  Call all_to_all_call(const In& in, Out&& out) const;
   std::unique_ptr<State> s_;
 };
 

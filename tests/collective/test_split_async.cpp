@@ -9,6 +9,8 @@
 //     is not valid(), whose calls throw invalid_argument; later splits still match up;
 //   - a sub-communicator and its parent used at the same time from two threads of each rank, and
 //     from one thread with async calls on both;
+//   - subset (MPI_Comm_create_group): called by the members only, numbered in the order given,
+//     overlapping subsets at once, no new socket; bad lists are invalid_argument;
 //   - several collectives in flight on one communicator, waited in reverse order: they run (and
 //     complete) in posting order; a blocking call after async ones.
 // Every result is checked bit for bit against support/fill.hpp's reference.
@@ -18,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
+#include <utility>
 #include <span>
 #include <string>
 #include <thread>
@@ -162,6 +166,63 @@ TEST_CASE_TEMPLATE("split: key = -rank reverses the order", T, Inproc, Tcp) {
       checked_all_reduce<double>(sub, 5, 100, ReduceOp::avg, "all_reduce on the reversed communicator");
     });
   }
+}
+
+/// The sockets this process holds (/proc/self/fd entries that are sockets).
+int sockets_open() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (!ec && target.string().rfind("socket:", 0) == 0) ++n;
+  }
+  return n;
+}
+
+TEST_CASE_TEMPLATE("subset: only the members call it, in the order given; overlapping subsets; no new socket", T,
+                   Inproc, Tcp) {
+  run_world<T>(5, [](int rank, auto& comm) {
+    comm.barrier();
+    const int before = rank == 0 ? sockets_open() : 0;
+    comm.barrier();
+    // Ranks 4, 1, 2 make one communicator (4 first); ranks 0 and 3 another, at the same time.
+    const std::vector<int> a = {4, 1, 2}, b = {3, 0}, c = {1, 2};
+    const std::vector<int>& mine = rank == 0 || rank == 3 ? b : a;
+    auto sub = comm.subset(mine);
+    expect_eq(sub.size(), static_cast<int>(mine.size()), "sub.size()");
+    const std::vector<std::int32_t> m = members(sub, rank);
+    for (std::size_t k = 0; k < mine.size(); ++k) expect_eq(m[k], mine[k], "member " + std::to_string(k));
+    for (std::uint64_t round = 0; round < 5; ++round) {
+      checked_all_reduce<float>(sub, round, 1 + round * 97, ReduceOp::sum, "subset all_reduce");
+      checked_all_gather<std::int64_t>(sub, round, 13, "subset all_gather");
+    }
+    // {1, 2} overlaps {4, 1, 2}; made twice (each its own context).
+    if (rank == 1 || rank == 2) {
+      auto pair = comm.subset(c);
+      auto again = comm.subset(c);
+      expect_eq(pair.rank(), rank - 1, "pair.rank()");
+      checked_all_reduce<std::int32_t>(pair, 7, 100, ReduceOp::max, "pair all_reduce");
+      checked_all_reduce<std::int32_t>(again, 8, 100, ReduceOp::min, "second pair all_reduce");
+    }
+    checked_all_reduce<double>(sub, 9, 50, ReduceOp::avg, "the first subsets after the pairs");
+    comm.barrier();
+    if (rank == 0) expect_eq(sockets_open(), before, "sockets after five subsets (their links are the parent's)");
+    checked_all_reduce<float>(comm, 99, 333, ReduceOp::sum, "parent all_reduce after the subsets");
+  });
+}
+
+TEST_CASE_TEMPLATE("subset: an empty list, a rank twice or out of range, a list without the caller: invalid_argument",
+                   T, Inproc, Tcp) {
+  run_world<T>(3, [](int rank, auto& comm) {
+    using V = std::vector<int>;
+    for (const auto& [list, why] : {std::pair{V{}, "empty"}, std::pair{V{0, 1, 1}, "twice"},
+                                    std::pair{V{0, 3}, "not a rank"}, std::pair{V{(rank + 1) % 3}, "not in the list"}}) {
+      const auto e = chorus::test::expect_error(
+          chorus::ErrorCode::invalid_argument, [&] { (void)comm.subset(list); }, why);
+      expect(std::string(e.what()).find(why) != std::string::npos, std::string("the error says why: ") + e.what());
+    }
+    checked_all_reduce<float>(comm, 1, 10, ReduceOp::sum, "all_reduce after the refused subsets");
+  });
 }
 
 TEST_CASE_TEMPLATE("split: a split of a split", T, Inproc, Tcp) {

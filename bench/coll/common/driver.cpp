@@ -235,7 +235,7 @@ class Driver {
       d_.run_threads(comm_, c, pending_);
     else
       d_.run(comm_, c, pending_);
-    if (s_.blocking != 0) {
+    if (s_.blocking != 0 && !comm_.in_group()) {  // a group's calls are done at its end
       wait_all(pending_);
       if (s_.blocking == 1) comm_.barrier();
     }
@@ -269,7 +269,13 @@ class Driver {
     using Clock = std::chrono::steady_clock;
     if (rt_) rt_->record(t0_, stream_);
     const auto t0 = Clock::now();
-    for (long i = 0; i < calls; ++i) start(call(l, dt, op, root, in_place, i));
+    // -m: each iteration's calls in one group, as nccl-tests' ncclGroupStart/End (chorus/group.hpp).
+    const bool grouped = s_.agg_iters > 1;
+    for (long i = 0; i < calls; ++i) {
+      if (grouped && i % s_.agg_iters == 0) comm_.group_start();
+      start(call(l, dt, op, root, in_place, i));
+      if (grouped && i % s_.agg_iters == s_.agg_iters - 1) comm_.group_end();
+    }
     const auto posted = Clock::now();
     if (rt_) rt_->record(t1_, stream_);
     finish();
@@ -319,7 +325,11 @@ class Driver {
     comm_.barrier();
     for (std::size_t size = s_.min_bytes; size <= s_.max_bytes; size = size ? size * 2 : 1) {
       const Layout l = d_.layout(size / elem, n_);
-      for (int w = 0; w < s_.warmup_iters; ++w) start(call(l, dt, op, root, false, w));
+      for (int w = 0; w < s_.warmup_iters; ++w) {  // -m: each warm-up iteration a group, as the timed ones
+        if (s_.agg_iters > 1) comm_.group_start();
+        for (int a = 0; a < s_.agg_iters; ++a) start(call(l, dt, op, root, false, static_cast<long>(w) * s_.agg_iters + a));
+        if (s_.agg_iters > 1) comm_.group_end();
+      }
       finish();
       if (size > s_.max_bytes / 2) break;
     }

@@ -31,7 +31,7 @@ struct Settings {
   std::size_t step_factor = 1;        ///< -f
   int iters = 20;                     ///< -n
   int warmup_iters = 1;               ///< -w (for every size from -b to -e, doubling)
-  int agg_iters = 1;                  ///< -m: collectives per timed iteration
+  int agg_iters = 1;                  ///< -m: collectives per timed iteration, in one group
   int run_cycles = 1;                 ///< -N: 0 repeats forever
   int check = 1;                      ///< -c: checked runs per result (0: #wrong is N/A)
   int blocking = 0;                   ///< -z: blocking calls (the blocking API); 1 adds a barrier after each
@@ -119,7 +119,7 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
   app.add_option("-w,--warmup_iters", s.warmup_iters, "warm-up iterations per size")
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
-  app.add_option("-m,--agg_iters", s.agg_iters, "collectives per timed iteration")
+  app.add_option("-m,--agg_iters", s.agg_iters, "collectives per timed iteration, issued as one group (chorus/group.hpp)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("-N,--run_cycles", s.run_cycles, "times to run the whole sweep (0: forever)")

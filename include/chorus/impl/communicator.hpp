@@ -368,6 +368,7 @@ Request Communicator<T>::start(const Call& call, CallMode mode, std::optional<de
                   "kind " + std::to_string(static_cast<unsigned>(c.kind)) +
                       " is not a collective a Call can name (broadcast ... barrier; not split)");
   }
+  if (s_ && s_->grouping()) return record_call(c, stream);  // runs at group_end(), blocking or not
   Request r = issue(c, mode == CallMode::async, stream ? &*stream : nullptr);
   if (mode == CallMode::blocking) r.wait();
   return r;
@@ -378,12 +379,7 @@ Request Communicator<T>::issue(const Call& call, bool async, const device::Strea
   const auto [kind, in, out, count, dt, op, root] = call;
   (void)live(algo::to_string(kind));
   detail::check_collective_args(kind, in, out, count, dt, op, root, rank(), size());
-  algo::CollectiveDesc d;
-  d.kind = kind;
-  d.count = count;
-  d.dtype = dt;
-  d.op = op;
-  d.root = root;
+  const algo::CollectiveDesc d = detail::desc_of(call);
   State& st = *s_;
   algo::Args a;
   a.in = static_cast<const std::byte*>(in);
@@ -427,8 +423,10 @@ void Communicator<T>::abort() {
 
 }  // namespace chorus
 
+#include "chorus/impl/typed_calls.hpp"
 #include "chorus/impl/kernel_call.hpp"
 #include "chorus/impl/p2p.hpp"
 #include "chorus/impl/split.hpp"
 #include "chorus/impl/shrink.hpp"
 #include "chorus/impl/grow.hpp"
+#include "chorus/impl/group_calls.hpp"

@@ -30,6 +30,7 @@ namespace chorus {
 template <class T>
 std::optional<Communicator<T>> Communicator<T>::grow() {
   State& st = live("grow");
+  st.outside_group("grow");
   const int n = size(), me = rank();
   std::shared_ptr<Store> store = st.standby->grow_store(st.group.members[0]);
   std::vector<std::int64_t> info{0, 0};  // first ticket, count

@@ -15,6 +15,7 @@ Request Communicator<T>::isend_bytes(ConstBytes data, int peer, int tag) {
   (void)live("send");
   detail::check_p2p_args(rank(), size(), peer, tag, "send");
   s_->refuse_device(data.data, data.size, peer, "send");
+  if (s_->grouping()) return record_p2p(true, data.data, data.size, peer, tag);  // posted at group_end()
   return s_->transport->link(s_->group.members[peer]).isend(data, s_->group.context | static_cast<Tag>(tag));
 }
 
@@ -23,6 +24,7 @@ Request Communicator<T>::irecv_bytes(MutableBytes data, int peer, int tag) {
   (void)live("recv");
   detail::check_p2p_args(rank(), size(), peer, tag, "recv");
   s_->refuse_device(data.data, data.size, peer, "recv");
+  if (s_->grouping()) return record_p2p(false, data.data, data.size, peer, tag);
   return s_->transport->link(s_->group.members[peer]).irecv(data, s_->group.context | static_cast<Tag>(tag));
 }
 
@@ -31,6 +33,7 @@ template <class T>
 Request Communicator<T>::irecv_any_bytes(MutableBytes data, int tag) {
   static constexpr const char* kVerb = "recv from any source";
   State& s = live(kVerb);
+  s.outside_group(kVerb);
   if (tag < 0)
     throw Error(ErrorCode::invalid_argument, s.ctx(-1, std::string(kVerb) + " tag " + std::to_string(tag)),
                 "tags must be non-negative");

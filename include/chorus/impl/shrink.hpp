@@ -25,6 +25,7 @@ template <class T>
 Communicator<T> Communicator<T>::shrink(std::span<const int> exclude) {
   using Clock = std::chrono::steady_clock;
   State& st = live("shrink");
+  st.outside_group("shrink");
   const int n = size(), me = rank();
   const auto started = Clock::now();
   std::set<int> out;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,6 +34,7 @@
 #include "chorus/exec/device.hpp"
 #include "chorus/exec/host.hpp"
 #include "chorus/impl/call_queue.hpp"
+#include "chorus/impl/group_items.hpp"
 #include "chorus/impl/standby.hpp"
 #include "chorus/topology/hosts.hpp"
 #include "chorus/transport/peer_info.hpp"
@@ -215,7 +217,21 @@ struct Communicator<T>::State {
   /// calls from several threads run one at a time in the order of their numbers.
   detail::CallLock call_mu;
   std::uint64_t coll_seq = 0;       ///< collectives called so far (identical on every rank; under call_mu)
+  // ---- a group of calls (impl/group_calls.hpp) ----
+  std::atomic<std::thread::id> group_owner{};         ///< the thread whose group is open (none: no group)
+  int group_depth = 0;                                ///< group_start() nesting (the owner's)
+  std::vector<detail::GroupItem> group_items;         ///< what the open group recorded (the owner's)
+  std::shared_ptr<detail::GroupGuard> group_guard;    ///< its requests' driver while it is open
+  bool grouping() const { return group_owner.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+  /// split, shrink, grow and recv from any source are not recorded by a group: refused inside one.
+  void outside_group(std::string_view op) const {
+    if (grouping())
+      throw Error(ErrorCode::invalid_argument, ctx(-1, std::string(op)),
+                  "cannot be called inside a group (between group_start() and group_end() on this thread)");
+  }
   std::atomic<std::uint64_t> split_seq{0};
+  std::mutex subset_mu;
+  std::map<std::string, std::uint64_t> subset_seq;  ///< subsets made per list of ranks (under subset_mu)
   mismatch::Watch<T> watch;  ///< the notices of a mismatch found elsewhere, and the herald that spreads one
   std::atomic<bool> aborted{false};
   /// The last calls (at least 16; CHORUS_FLIGHT_RECORDER_ENTRIES): dumped on a failure, and
