@@ -29,6 +29,15 @@ ProcessGroupChorus::Impl::Impl(const c10::intrusive_ptr<c10d::Store>& store, int
   }
 }
 
+ProcessGroupChorus::Impl::Impl(Impl& parent, const std::vector<int>& ranks, int r, int n)
+    : rank(r), size(n) {
+  try {
+    comm = std::make_shared<Comm>(parent.comm->subset(ranks));
+  } catch (const std::exception& e) {
+    fail(r, "new_group (a subset of the default group's communicator)", e.what());
+  }
+}
+
 ProcessGroupChorus::Impl::~Impl() {
   // finalize() lets what was issued finish (as gloo and NCCL finish queued work before they go),
   // each call bounded by the group's timeout, rather than aborting it under peers that are still
@@ -70,9 +79,44 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::Impl::post_p2p(
   return w;
 }
 
+// The calls torch makes between the two come from the thread that called startCoalescing (the
+// collectives are handed to chorus on the caller's thread: enqueue), so chorus records them in its
+// group; a call that must wait for one of its own steps (PREMUL_SUM's barrier, the uneven lists)
+// fails inside a group, its Work carrying the error. endCoalescing runs the group without the GIL
+// (it waits for the group's calls, whose completions may need it) and raises its first error; the
+// Works carry their own.
+void ProcessGroupChorus::startCoalescing() {
+  try {
+    impl_->comm->group_start();
+  } catch (const std::exception& e) {
+    fail(impl_->rank, "start_coalescing", e.what());
+  }
+}
+
+void ProcessGroupChorus::endCoalescing(std::vector<Ptr<Work>>&) {
+  auto end = [&] {
+    try {
+      impl_->comm->group_end();
+    } catch (const std::exception& e) {
+      fail(impl_->rank, "end_coalescing", e.what());
+    }
+  };
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release nogil;
+    end();
+  } else {
+    end();
+  }
+}
+
 ProcessGroupChorus::ProcessGroupChorus(const Ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout)
     : ProcessGroup(rank, size), impl_(std::make_unique<Impl>(store, rank, size, timeout)) {}
+
+ProcessGroupChorus::ProcessGroupChorus(ProcessGroupChorus& parent, const std::vector<int>& ranks, int rank, int size)
+    : ProcessGroup(rank, size), impl_(std::make_unique<Impl>(*parent.impl_, ranks, rank, size)) {}
+
+std::chrono::milliseconds ProcessGroupChorus::timeout() const { return impl_->comm->options().timeout; }
 
 // Destruction waits for the group's threads (the communicator's worker and progress threads),
 // and those may need the GIL: a thread that drops the last reference to a

@@ -44,6 +44,8 @@ struct ProcessGroupChorus::Impl {
 
   /// Meets the peers through `store` (a rendezvous).
   Impl(const c10::intrusive_ptr<c10d::Store>& store, int r, int n, std::chrono::milliseconds timeout);
+  /// A subset of `parent`'s communicator (its links and timeout, no rendezvous).
+  Impl(Impl& parent, const std::vector<int>& ranks, int r, int n);
   /// Waits for the communicator's pending calls (finalize(), each bounded by the timeout) before
   /// it goes. The caller must not hold the GIL (see ~ProcessGroupChorus).
   ~Impl();

@@ -44,6 +44,11 @@ class ProcessGroupChorus final : public c10d::ProcessGroup {
   using Ptr = c10::intrusive_ptr<T>;
 
   ProcessGroupChorus(const Ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout);
+  /// A group of `ranks` (ranks of `parent`, in this group's order) over the parent's links, and so
+  /// with its timeout (chorus::Communicator::subset): new_group when the default group is chorus's.
+  ProcessGroupChorus(ProcessGroupChorus& parent, const std::vector<int>& ranks, int rank, int size);
+  /// The communicator's timeout (what a group sharing its links gets).
+  std::chrono::milliseconds timeout() const;
   ~ProcessGroupChorus() override;
 
   const std::string getBackendName() const override { return "chorus"; }
@@ -73,6 +78,10 @@ class ProcessGroupChorus final : public c10d::ProcessGroup {
   Ptr<Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   Ptr<Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   Ptr<Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  /// torch's _coalescing_manager (batch_isend_irecv): the calls in between are one chorus group
+  /// (chorus/group.hpp), run at its end: sends and receives posted together, small collectives fused.
+  void startCoalescing() override;
+  void endCoalescing(std::vector<Ptr<Work>>& reqs) override;
 
   struct Impl;
 

@@ -3,8 +3,9 @@
 tensor gives (on chorus, exactly) and what gloo's coalesced calls give, for several dtypes, reduce
 ops, shapes (empty, non-contiguous) and world sizes; async forms complete through their futures;
 bad lists raise naming the rank and the operation. torch 1.13's _coalescing_manager (which
-batch_isend_irecv uses) runs with the ProcessGroup defaults, start and end doing nothing: the calls
-made inside it run as they would outside."""
+batch_isend_irecv uses) opens a chorus group (chorus/group.hpp) and runs it at its end: sends and
+receives written in opposite orders on two ranks complete, two all_reduces inside it are fused, and
+a PREMUL_SUM inside it (which waits for steps of its own) fails its Work saying so."""
 
 import warnings
 
@@ -116,6 +117,37 @@ def run_coalesced(rank, world):
     for r in dist.batch_isend_irecv(ops):
         r.wait()
     same("batch_isend_irecv", got, torch.full((2,), float((rank - 1) % world)))
+
+    # batch_isend_irecv is one chorus group: written in opposite orders on even and odd ranks
+    # (receive first on odd ones), 1 MiB each way, several rounds.
+    n = 262144
+    for rnd in range(3):
+        big_out = torch.arange(n, dtype=torch.float32) + 10 * rank + rnd
+        big_in = torch.empty(n)
+        send_op = dist.P2POp(dist.isend, big_out, (rank + 1) % world)
+        recv_op = dist.P2POp(dist.irecv, big_in, (rank - 1) % world)
+        for r in dist.batch_isend_irecv([send_op, recv_op] if rank % 2 == 0 else [recv_op, send_op]):
+            r.wait()
+        same("batch_isend_irecv opposite orders round %d" % rnd, big_in,
+             torch.arange(n, dtype=torch.float32) + 10 * ((rank - 1) % world) + rnd)
+
+    # Inside the manager: two all_reduces (fused into one call by the group) and a PREMUL_SUM,
+    # which waits for steps of its own and so fails its Work naming why; the others still run.
+    reqs = []
+    x, y, z = torch.full((5,), float(rank)), torch.full((3,), float(rank + 1)), torch.ones(2)
+    with c10d._coalescing_manager(None, reqs):
+        reqs.append(dist.all_reduce(x, async_op=True))
+        reqs.append(dist.all_reduce(y, async_op=True))
+        premul = dist.all_reduce(z, op=dist._make_nccl_premul_sum(2.0), async_op=True)
+    for r in reqs:
+        r.wait()
+    same("coalescing manager fused all_reduce x", x, torch.full((5,), float(sum(range(world)))))
+    same("coalescing manager fused all_reduce y", y, torch.full((3,), float(sum(range(1, world + 1)))))
+    try:
+        premul.wait()
+        errors["premul in coalescing"] = None
+    except RuntimeError as e:
+        errors["premul in coalescing"] = str(e)
     return out
 
 
@@ -124,10 +156,12 @@ def test_coalesced(tmp_path, world):
     res = harness.run(tmp_path, world, "test_coalesced:run_coalesced")
     for r in range(world):
         assert res[r]["mismatches"] == [], "rank %d:\n%s" % (r, "\n".join(res[r]["mismatches"][:10]))
-        assert res[r]["checked"] >= 295  # every comparison ran (295 at world 2)
+        assert res[r]["checked"] >= 300  # every comparison ran (300 at world 2)
         errors = res[r]["errors"]
         for key, msg in errors.items():
             assert msg is not None, "rank %d: %s did not raise" % (r, key)
         assert ("chorus_torch: rank %d: allreduce_coalesced" % r) in errors["mixed dtypes"], errors["mixed dtypes"]
         assert "at least one tensor" in errors["empty list"], errors["empty list"]
         assert "output lists" in errors["output lists"], errors["output lists"]
+        assert "PREMUL_SUM cannot run inside torch's _coalescing_manager" in (errors["premul in coalescing"] or ""), \
+            errors["premul in coalescing"]

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Failures surface as exceptions naming the rank and the operation, and nothing hangs:
 a timeout (the timeout given to new_group / init_process_group bounds the wait), ranks calling
-different collectives (mismatch), and a rank killed in the middle of an all_reduce."""
+different collectives (mismatch), and a rank killed in the middle of an all_reduce. The groups of
+the first test ask for timeouts (3 s, 30 s) shorter than the world's (60 s), so they get links of
+their own, and the world goes on after their failures."""
 
 import datetime
 import os

@@ -2,7 +2,9 @@
 """Per-call timeouts: Work.wait(timeout) and the `timeout` of a call's options bound that call,
 well before the group's timeout (60 s here). One rank calls on a group where the other never
 does: the call raises after about 2 s naming the rank, the operation and the bound, and that
-group's communicator is aborted (its later calls fail at once) while the world group goes on.
+group's communicator is aborted (its later calls fail at once) while the world group goes on: the
+groups have links of their own (CHORUS_TORCH_NEW_GROUP=own: with the world's timeout they would
+share its links by default, and the world would fail with them, test_new_group.py).
 A bound that is long enough changes nothing."""
 
 import datetime
@@ -63,7 +65,8 @@ def run_timeouts(rank, world):
     return out
 
 
-def test_timeouts(tmp_path):
+def test_timeouts(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHORUS_TORCH_NEW_GROUP", "own")  # groups apart from the world (see the top)
     res = harness.run(tmp_path, 2, "test_timeouts:run_timeouts", pg_timeout=60)
     for r in range(2):
         ok, values = res[r]["long_enough"]
