@@ -8,7 +8,8 @@
 // (worlds 1-5) and tcp, as processes over shm; simulated-device buffers on a stream and blocking.
 // Blocking sends of 4 MiB both ways complete inside a group; a group that differs between ranks is
 // mismatch on every rank naming both groups, and runs nothing; waiting inside the group, split
-// inside it, a second thread's group and an abandoned group are errors, not hangs.
+// inside it, a second thread's group, an abandoned group and a communicator destroyed with its
+// group open are errors, not hangs.
 #include "chorus/group.hpp"
 
 #include <doctest/doctest.h>
@@ -276,7 +277,7 @@ TEST_CASE("group: a group that differs between ranks is mismatch on every rank n
   });
 }
 
-TEST_CASE("group: waiting inside it, split inside it, group_end without a group, another thread's group: errors") {
+TEST_CASE("group: waiting inside it, split inside it, group_end without a group, another thread's group, destroyed open: errors") {
   chorus::test::run_world<chorus::test::InprocThreads>(2, [](auto& c, auto&) {
     const int me = c.rank();
     std::vector<int> v(4, me + 1);
@@ -317,6 +318,16 @@ TEST_CASE("group: waiting inside it, split inside it, group_end without a group,
     }
     chorus::test::expect_error(chorus::ErrorCode::invalid_argument, [&] { r.wait(); }, "an abandoned group's request");
     expect(!c.in_group() && v[0] == 6, "the abandoned group ran nothing");
+    // A communicator destroyed with its group open: the group's requests fail at once.
+    chorus::Request orphan;
+    {
+      auto sub = c.split(0, me);
+      sub.group_start();
+      orphan = sub.all_reduce_async(v, ReduceOp::sum);
+    }
+    chorus::test::expect_error(chorus::ErrorCode::aborted, [&] { orphan.wait(); },
+                               "a request of a communicator destroyed with its group open");
+    expect(v[0] == 6, "the destroyed communicator's group ran nothing");
     c.barrier();
   });
 }

@@ -93,6 +93,9 @@ typename Communicator<T>::State& Communicator<T>::live(std::string_view op) cons
 template <class T>
 Communicator<T>::~Communicator() {
   if (!s_) return;  // moved from
+  // A group left open: its calls never ran; their requests fail now rather than time out.
+  for (detail::GroupItem& it : s_->group_items)
+    it.req->fail(ErrorCode::aborted, "not run: the communicator was destroyed with its group open (no group_end())");
   if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::init))
     detail::log(detail::LogLevel::info, detail::LogSubsys::init, rank(), "communicator destroyed after ", s_->recorder->entered(),
                 " collectives; memory: ", s_->memory_stats().to_string());

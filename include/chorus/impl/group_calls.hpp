@@ -177,7 +177,9 @@ void Communicator<T>::group_end() {
   // 2. Receives, then sends: posted at once, completed as the links move them.
   std::vector<std::pair<Request, detail::GroupItem*>> waits;
   auto chain = [&](Request r, detail::GroupItem& it, bool wait_here) {
-    r.on_complete([to = it.req, r](std::exception_ptr e) { detail::complete_as(*to, e, r.bytes()); });
+    // A send or receive moves exactly its size (a receive of another size fails), a collective none.
+    const std::size_t bytes = it.kind == detail::GroupItem::Kind::collective ? 0 : it.bytes;
+    r.on_complete([to = it.req, bytes](std::exception_ptr e) { detail::complete_as(*to, e, bytes); });
     if (wait_here) waits.emplace_back(std::move(r), &it);
   };
   for (auto pass : {detail::GroupItem::Kind::recv, detail::GroupItem::Kind::send})
