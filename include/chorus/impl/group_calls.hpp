@@ -105,9 +105,10 @@ Request Communicator<T>::record_p2p(bool send, const std::byte* data, std::size_
   it.bytes = bytes;
   it.peer = peer;
   it.tag = tag;
+  // Named as the links name theirs, when it is read: "send tag 5 (1024 bytes)".
   it.req = std::make_shared<detail::RequestState>(
-      st.ctx(peer, std::string(send ? "send" : "recv") + " of " + std::to_string(bytes) + " bytes, tag " + std::to_string(tag) +
-                       " in a group"),
+      st.group.rank, peer,
+      detail::LazyOp{send ? "send" : "recv", st.group.context | static_cast<Tag>(tag), bytes, &detail::describe_op},
       st.boot.options.timeout);
   it.req->set_driver(st.group_guard);
   Request r(it.req);
