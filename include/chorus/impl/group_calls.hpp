@@ -100,8 +100,7 @@ Request Communicator<T>::record_p2p(bool send, const std::byte* data, std::size_
   State& st = *s_;
   detail::GroupItem it;
   it.kind = send ? detail::GroupItem::Kind::send : detail::GroupItem::Kind::recv;
-  it.send_data = data;
-  it.recv_data = const_cast<std::byte*>(data);  // a receive's buffer came in writable (irecv_bytes)
+  it.data = const_cast<std::byte*>(data);  // a receive's came in writable (irecv_bytes); a send's is only read
   it.bytes = bytes;
   it.peer = peer;
   it.tag = tag;
@@ -187,8 +186,8 @@ void Communicator<T>::group_end() {
     for (detail::GroupItem& it : items) {
       if (it.kind != pass) continue;
       try {
-        chain(pass == detail::GroupItem::Kind::recv ? irecv_bytes(MutableBytes{it.recv_data, it.bytes}, it.peer, it.tag)
-                                                    : isend_bytes(ConstBytes{it.send_data, it.bytes}, it.peer, it.tag),
+        chain(pass == detail::GroupItem::Kind::recv ? irecv_bytes(MutableBytes{it.data, it.bytes}, it.peer, it.tag)
+                                                    : isend_bytes(ConstBytes{it.data, it.bytes}, it.peer, it.tag),
               it, true);
       } catch (const Error& e) {
         it.req->fail(e);

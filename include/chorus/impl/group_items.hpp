@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
 #include "chorus/core/types.hpp"
+#include "chorus/detail/fnv.hpp"
 #include "chorus/device/runtime.hpp"
 
 namespace chorus::detail {
@@ -51,8 +53,7 @@ struct GroupItem {
   Call call;                             ///< a collective, as Communicator::start normalised it
   std::optional<device::Stream> stream;  ///< a call on device buffers ordered on a stream
   bool fusable = false;                  ///< host buffers of a kind a bucket takes (see group_calls.hpp)
-  const std::byte* send_data = nullptr;  ///< send
-  std::byte* recv_data = nullptr;        ///< recv
+  std::byte* data = nullptr;             ///< send (only read), recv
   std::size_t bytes = 0;                 ///< send, recv
   int peer = -1, tag = 0;                ///< send, recv
   std::shared_ptr<RequestState> req;     ///< what the caller holds; completed by group_end()
@@ -86,7 +87,7 @@ class GroupGuard final : public Driver {
 struct GroupSignature {
   static constexpr std::size_t kKinds = 10;  ///< CollectiveKind::all_reduce (1) ... split (10)
   static constexpr std::size_t kWords = 3 + kKinds;
-  std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a's offset basis: a signature, not a digest
+  std::uint64_t hash = kFnvBasis;
   std::uint64_t collectives = 0;
   std::uint64_t bytes = 0;  ///< count x element size, summed: what this rank's calls name
   std::array<std::uint64_t, kKinds> per_kind{};
@@ -94,11 +95,11 @@ struct GroupSignature {
   void add(const Call& c) {
     const std::uint64_t fields[] = {static_cast<std::uint64_t>(c.kind), c.count, static_cast<std::uint64_t>(c.dtype),
                                     static_cast<std::uint64_t>(c.op), static_cast<std::uint64_t>(static_cast<std::int64_t>(c.root))};
-    for (std::uint64_t f : fields)
-      for (int b = 0; b < 8; ++b) {
-        hash ^= (f >> (8 * b)) & 0xffu;
-        hash *= 0x100000001b3ull;
-      }
+    for (std::uint64_t f : fields) {
+      char le[8];  // the field's bytes from the lowest, whatever the host's byte order
+      for (int b = 0; b < 8; ++b) le[b] = static_cast<char>((f >> (8 * b)) & 0xffu);
+      hash = fnv1a(hash, std::string_view(le, sizeof le));
+    }
     ++collectives;
     bytes += c.kind == algo::CollectiveKind::barrier ? 0 : c.count * size_of(c.dtype);
     const auto k = static_cast<std::size_t>(c.kind);

@@ -13,6 +13,7 @@
 
 #include "chorus/algo/plan.hpp"
 #include "chorus/core/tag.hpp"
+#include "chorus/detail/fnv.hpp"
 #include "chorus/impl/state.hpp"
 
 namespace chorus {
@@ -132,8 +133,7 @@ Communicator<T> Communicator<T>::subset(std::span<const int> ranks) {
     std::lock_guard lk(st.subset_mu);
     k = st.subset_seq[list]++;
   }
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the list: a short key for a long list
-  for (char ch : list) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
+  const std::uint64_t h = detail::fnv1a(detail::kFnvBasis, list);  // a short key for a long list
   const std::string key_name = "subset/" + std::to_string(st.group.context >> detail::kContextShift) + "/" +
                                std::to_string(ranks.size()) + "/" + std::to_string(h) + "/" + std::to_string(k);
   return adopt(st, std::vector<int>(ranks.begin(), ranks.end()), key_name);
