@@ -251,10 +251,13 @@ void Communicator<T>::group_end() {
     }
   }
 
-  // 4. Everything but the calls on a stream is done when group_end() returns.
+  // 4. Everything but the calls on a stream is done when group_end() returns: their requests
+  // too (a request's callback runs after its waiters wake, so it may not have run yet; completing
+  // twice is a no-op).
   for (auto& [r, it] : waits) {
     try {
       r.wait();
+      it->req->complete(it->kind == detail::GroupItem::Kind::collective ? 0 : it->bytes);
     } catch (const Error& e) {
       it->req->fail(e);
       if (!first) first = e;
