@@ -66,8 +66,9 @@ auto& mailbox_link(Group<T>& g, int p) {
   return *g.transport->link(g.members[static_cast<std::size_t>(p)]).shm_link();
 }
 
-/// Step 1 of a mailbox exchange: for every peer, fill(slot.data) writes `bytes` bytes of data (at
-/// most one_shot_max_bytes) into the next mailbox message of its link, which then carries `desc`
+/// Step 1 of a mailbox exchange: for every peer, fill(payload) writes `bytes` bytes of data (at
+/// most one_shot_max_bytes) into the next mailbox message of its link (the slot's payload(bytes):
+/// its stamp's line for the smallest), which then carries `desc`
 /// and is published. fill(data) returns nothing; it runs once per peer.
 template <Transport T, class Fill>
 void mailbox_post(Group<T>& g, const CollectiveDesc& desc, std::size_t bytes, const Fill& fill) {
@@ -76,7 +77,7 @@ void mailbox_post(Group<T>& g, const CollectiveDesc& desc, std::size_t bytes, co
     auto& l = mailbox_link(g, p);
     const std::uint32_t stamp = l.next_mailbox_stamp();
     auto& slot = l.mailbox_out(stamp);
-    fill(slot.data);
+    fill(slot.payload(bytes));
     mismatch::put_desc(slot.desc, desc);
     slot.bytes = static_cast<std::uint32_t>(bytes);
     slot.stamp.store(stamp, std::memory_order_seq_cst);
@@ -108,7 +109,7 @@ void mailbox_wait(Group<T>& g, const CollectiveDesc& desc, std::size_t bytes, st
     const std::uint32_t stamp = l.mailbox_stamp();
     const auto& slot = l.mailbox_in(stamp);
     const Waiting w{&slot.stamp, stamp, &l};
-    if (!Waiting::ready(&w)) {
+    if (!Waiting::ready(&w) && !l.await_mailbox(stamp)) {
       auto driver = l.driver().lock();
       auto now = Clock::now();
       const auto deadline = now + timeout;
@@ -147,7 +148,8 @@ void mailbox_wait(Group<T>& g, const CollectiveDesc& desc, std::size_t bytes, st
 template <Transport T>
 const std::byte* mailbox_data(Group<T>& g, int p) {
   auto& l = mailbox_link(g, p);
-  return l.mailbox_in(l.mailbox_stamp()).data;
+  const auto& slot = l.mailbox_in(l.mailbox_stamp());
+  return slot.payload(slot.bytes);
 }
 
 /// The all_reduce of `a` over `g` (has_mailboxes(g), a.bytes(a.count) <= one_shot_max_bytes).

@@ -136,6 +136,7 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers) : Engin
     const int ncpu = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     const auto local = 1 + std::count(peers.begin(), peers.end(), true) - (peers[static_cast<std::size_t>(rank_)] ? 1 : 0);
     engine_->oversubscribed = local > ncpu;
+    engine_->hub.oversubscribed = local > ncpu;
   }
   start_progress_thread();
 }

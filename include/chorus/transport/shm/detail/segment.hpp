@@ -131,13 +131,21 @@ static_assert(record_bytes(Policy::kStreamChunkBytes) <= Policy::kRingBytes / 4)
 static_assert(record_bytes(Policy::kEagerBytes) <= Policy::kRingBytes / 4);
 
 /// One mailbox message: a stamp (the writer's count of mailbox messages on this link, from 1;
-/// 0 is never used), the caller's 32-byte collective descriptor, the payload's size, the payload.
+/// 0 is never used), the caller's 32-byte collective descriptor, the payload's size, the payload:
+/// in the stamp's own cache line up to kMailboxInline bytes (the reader then misses on one line,
+/// not two), else from the next line on.
 struct MailboxSlot {
+  static constexpr std::size_t kMailboxInline = 24;
   alignas(64) std::atomic<std::uint32_t> stamp{0};
   std::uint32_t bytes = 0;
   std::byte desc[32] = {};
+  std::byte small[kMailboxInline] = {};
   alignas(64) std::byte data[Policy::kMailboxBytes];
+  /// Where a payload of `n` bytes goes.
+  std::byte* payload(std::size_t n) { return n <= kMailboxInline ? small : data; }
+  const std::byte* payload(std::size_t n) const { return n <= kMailboxInline ? small : data; }
 };
+static_assert(offsetof(MailboxSlot, small) + MailboxSlot::kMailboxInline == 64, "the inline payload ends the stamp's line");
 static_assert(sizeof(MailboxSlot) == 4096);
 
 inline constexpr std::size_t kMailboxOffset = 4096;
