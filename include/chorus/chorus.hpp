@@ -30,6 +30,7 @@
 #include "chorus/communicator.hpp"
 #include "chorus/call.hpp"
 #include "chorus/group.hpp"
+#include "chorus/persistent.hpp"
 #include "chorus/compiled.hpp"
 #include "chorus/fwd.hpp"
 #include "chorus/all_to_all_v.hpp"

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <ranges>
 #include <span>
@@ -35,6 +36,7 @@
 #include "chorus/core/buffer.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/error.hpp"
+#include "chorus/core/ranges.hpp"
 #include "chorus/core/request.hpp"
 #include "chorus/core/types.hpp"
 #include "chorus/device/default.hpp"
@@ -44,25 +46,12 @@
 #include "chorus/algo/select.hpp"
 #include "chorus/algo/descriptor.hpp"
 #include "chorus/options.hpp"
+#include "chorus/persistent.hpp"
 
 namespace chorus {
 
-namespace detail { struct GroupItem; }  // impl/group_items.hpp
-
-/// A contiguous range of trivially copyable elements: std::vector, std::array, std::span, ...
-template <class R>
-concept ByteRange = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
-                    std::is_trivially_copyable_v<std::ranges::range_value_t<R>>;
-
-template <class R>
-concept WritableByteRange = ByteRange<R> && !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
-
-/// A contiguous range of one of the ten element types (int8 ... float64, float16, bfloat16).
-template <class R>
-concept ElementRange = ByteRange<R> && Element<std::remove_cv_t<std::ranges::range_value_t<R>>>;
-
-template <class R>
-concept WritableElementRange = ElementRange<R> && WritableByteRange<R>;
+namespace detail { struct GroupItem; class CallLock; }  // impl/group_items.hpp, impl/state.hpp
+namespace algo { struct Plan; }                          // algo/plan.hpp
 
 /// What a communicator holds besides the caller's buffers (Communicator::memory_stats()). Each part
 /// has a cap or shrinks (docs/design.md, "Memory"); the transport's part is shared with the
@@ -121,8 +110,8 @@ class Communicator {
   /// Rendezvous through the store named by the options (or the environment) and open links.
   static Communicator create(Options options);
 
-  Communicator(Communicator&&) noexcept = default;
-  Communicator& operator=(Communicator&&) noexcept = default;
+  Communicator(Communicator&& o) noexcept;
+  Communicator& operator=(Communicator&& o) noexcept;
   ~Communicator();
 
   /// False for what split(kSplitNoColor, key) returns (like MPI_COMM_NULL, or the null
@@ -173,12 +162,7 @@ class Communicator {
   /// leaving alone does not end it, since another may still send. Host buffers only, as send and recv; a
   /// communicator of one rank, or a negative tag, is invalid_argument. Every transport has it (inproc, tcp,
   /// shm, rdma, the default transport's mix).
-  ///
-  ///   std::vector<float> v(8);
   ///   const int from = comm.recv_any(v, /*tag=*/3);  // whichever rank's message came first
-  ///   chorus::Request r = comm.irecv_any(v, 3);
-  ///   r.wait();
-  ///   use(v, r.source());
   template <WritableByteRange R>
   int recv_any(R&& data, int tag = 0) {
     Request r = irecv_any(std::forward<R>(data), tag);
@@ -307,6 +291,20 @@ class Communicator {
   void all_gather(const void* in, void* out, std::size_t count, DataType dt) { start({CallKind::all_gather, in, out, count, dt}, CallMode::blocking); }
   void reduce_scatter(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) { start({CallKind::reduce_scatter, in, out, count, dt, op}, CallMode::blocking); }
   void all_to_all(const void* in, void* out, std::size_t count, DataType dt) { start({CallKind::all_to_all, in, out, count, dt}, CallMode::blocking); }
+
+  // ---- Persistent collectives (chorus/persistent.hpp: the rules) -------------------------------
+  // Checked (and on host buffers planned) once, started many times: MPI_Allreduce_init, MPI_Start.
+  Persistent<T> persistent(const Call& call);
+  template <WritableElementRange R> Persistent<T> all_reduce_init(R&& inout, ReduceOp op) { return persistent(all_reduce_call(inout, inout, op)); }
+  template <ElementRange In, WritableElementRange Out> Persistent<T> all_reduce_init(const In& in, Out&& out, ReduceOp op) { return persistent(all_reduce_call(in, out, op)); }
+  template <WritableElementRange R> Persistent<T> broadcast_init(R&& buf, int root) { return persistent(broadcast_call(buf, root)); }
+  template <ElementRange In, WritableElementRange Out> Persistent<T> reduce_init(const In& in, Out&& out, ReduceOp op, int root) { return persistent(reduce_call(in, out, op, root)); }
+  template <ElementRange In, WritableElementRange Out> Persistent<T> scatter_init(const In& in, Out&& out, int root) { return persistent(scatter_call(in, out, root)); }
+  template <ElementRange In, WritableElementRange Out> Persistent<T> gather_init(const In& in, Out&& out, int root) { return persistent(gather_call(in, out, root)); }
+  template <ElementRange In, WritableElementRange Out> Persistent<T> all_gather_init(const In& in, Out&& out) { return persistent(all_gather_call(in, out)); }
+  template <ElementRange In, WritableElementRange Out> Persistent<T> reduce_scatter_init(const In& in, Out&& out, ReduceOp op) { return persistent(reduce_scatter_call(in, out, op)); }
+  template <ElementRange In, WritableElementRange Out> Persistent<T> all_to_all_init(const In& in, Out&& out) { return persistent(all_to_all_call(in, out)); }
+  Persistent<T> barrier_init() { return persistent({.kind = CallKind::barrier}); }
 
   // ---- Device buffers on a stream (NCCL style) -------------------------------------------------
   // The same collectives on device memory, ordered on a CUDA stream: each call enqueues on
@@ -440,6 +438,7 @@ class Communicator {
  private:
   struct State;
   struct Internal;  // marks the library's own calls (impl/split.hpp)
+  friend class Persistent<T>;  template <class> friend struct detail::PersistentState;
   explicit Communicator(std::unique_ptr<State> s);
   /// The state, or invalid_argument naming `op` where this communicator is not valid().
   State& live(std::string_view op) const;
@@ -457,6 +456,11 @@ class Communicator {
   Request issue(const Call& call, bool async, const device::Stream* stream);
   Request collective(algo::CollectiveDesc desc, algo::Args args, bool async,
                      exec::TicketRef ticket = {});
+  /// The part of collective() after the plan (a persistent start begins here): `lk` holds call_mu.
+  Request planned_call(std::unique_lock<detail::CallLock>& lk, algo::CollectiveDesc desc, const algo::Args& args,
+                       const algo::Plan& plan, bool async, exec::TicketRef ticket = {});
+  /// `call` with the fields its kind does not read set as its typed form sets them (start()).
+  Call normalized(const Call& call, const char* what) const;
   /// A call on device buffers that the collective kernel takes (impl/kernel_call.hpp): launched
   /// on `stream` (the default one where null: blocking unless `async`).
   Request kernel_call(algo::CollectiveDesc desc, const std::byte* in, std::byte* out, const device::Stream* stream,

@@ -31,7 +31,7 @@
 #if !defined(BOOST_ASIO_SEPARATE_COMPILATION)
 #error "CHORUS_SEPARATE_COMPILATION needs BOOST_ASIO_SEPARATE_COMPILATION too (chorus::compiled defines both)"
 #endif
-#define CHORUS_DETAIL_EXTERN_COMMUNICATOR(T) extern template class chorus::Communicator<T>;
+#define CHORUS_DETAIL_EXTERN_COMMUNICATOR(T) extern template class chorus::Communicator<T>; extern template class chorus::Persistent<T>;
 CHORUS_COMPILED_TRANSPORTS(CHORUS_DETAIL_EXTERN_COMMUNICATOR)
 #undef CHORUS_DETAIL_EXTERN_COMMUNICATOR
 #endif

@@ -17,7 +17,7 @@
 #include "chorus/chorus.hpp"
 #include "chorus/impl/bodies.hpp"  // the functions declared CHORUS_DECL
 
-#define CHORUS_DETAIL_COMMUNICATOR(T) template class chorus::Communicator<T>;
+#define CHORUS_DETAIL_COMMUNICATOR(T) template class chorus::Communicator<T>; template class chorus::Persistent<T>;
 CHORUS_COMPILED_TRANSPORTS(CHORUS_DETAIL_COMMUNICATOR)
 #undef CHORUS_DETAIL_COMMUNICATOR
 

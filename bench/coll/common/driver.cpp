@@ -88,6 +88,9 @@ class Driver {
         capacity_(std::max<std::size_t>(s.max_bytes, 64)),
         send_(capacity_),
         recv_(capacity_) {
+    if (s.persistent != 0 && !d.kind)
+      throw chorus::Error(chorus::ErrorCode::invalid_argument, chorus::ErrorContext{rank_, -1, std::string(d.name) + "_perf"},
+                          "--persistent 1: " + std::string(d.name) + " is not a collective (no persistent form)");
     if (s.local_register != 0 && !rt_) {
       reg_send_ = RegisteredMemory(send_);
       reg_recv_ = RegisteredMemory(recv_);
@@ -264,6 +267,11 @@ class Driver {
     start(call(l, dt, op, root, in_place, 0));
     finish();
     comm_.barrier();
+    // --persistent 1: one operation for the row, on iteration 0's buffers, made before the clock starts.
+    const Call first = call(l, dt, op, root, in_place, 0);
+    chorus::Persistent<typename C::transport_type> persistent;
+    if (s_.persistent != 0 && d_.kind)
+      persistent = comm_.persistent(chorus::Call{*d_.kind, first.in, first.out, l.count, dt, op, root});
     // 2. Timed calls.
     const long calls = static_cast<long>(s_.iters) * s_.agg_iters;
     using Clock = std::chrono::steady_clock;
@@ -271,7 +279,19 @@ class Driver {
     const auto t0 = Clock::now();
     // -m: each iteration's calls in one group, as nccl-tests' ncclGroupStart/End (chorus/group.hpp).
     const bool grouped = s_.agg_iters > 1;
-    for (long i = 0; i < calls; ++i) {
+    if (persistent.valid()) {  // --persistent 1: started `calls` times, each start complete before the next
+      for (long i = 0; i < calls; ++i) {
+        if (s_.blocking != 0) {
+          persistent.run();
+          if (s_.blocking == 1) comm_.barrier();
+          continue;
+        }
+        if (first.stream) persistent.start(*first.stream);
+        else persistent.start();
+        persistent.wait();
+      }
+    }
+    for (long i = 0; i < (persistent.valid() ? 0 : calls); ++i) {
       if (grouped && i % s_.agg_iters == 0) comm_.group_start();
       start(call(l, dt, op, root, in_place, i));
       if (grouped && i % s_.agg_iters == s_.agg_iters - 1) comm_.group_end();

@@ -133,6 +133,8 @@ class Reporter {
     if (s_.local_register != 0)
       std::printf("# chorus: -R 1: %s\n", s_.ngpus != 0 ? "device buffers, nothing registered (staged through chorus's own memory)"
                                                          : "send and receive buffers registered once (chorus::RegisteredMemory)");
+    if (s_.persistent != 0)
+      std::printf("# chorus: --persistent 1: each row's timed calls start one persistent operation (made once per row)\n");
     if (s_.device == "cuda")
       std::printf("# chorus: buffers in device memory (CUDA runtime), timed with CUDA events\n");
     else if (s_.device == "sim")
@@ -163,6 +165,7 @@ class Reporter {
           {"graph", 0},
           {"blocking_collectives", s_.blocking != 0},
           {"local_register", s_.local_register},
+          {"persistent", s_.persistent != 0},
           {"parallel_init", false},
           {"run_cycles", s_.run_cycles},
           {"average", s_.average},

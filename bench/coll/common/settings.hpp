@@ -48,6 +48,7 @@ struct Settings {
   bool threads = false;               ///< --threads, --transport inproc: ranks as threads of one process
   std::string algorithm;              ///< --algo: empty is the cost model's choice
   std::size_t chunk_bytes = 0;        ///< --chunk_bytes: 0 is the cost model's
+  int persistent = 0;                 ///< --persistent: 1 starts one persistent operation per row (chorus/persistent.hpp)
   int nranks = 4;                     ///< --nranks: processes to start when no launcher did
   bool show_algo = false;             ///< --show-algo
   int ngpus = 0;                      ///< -g: 1 puts every rank's buffers on a device, 0 on the host
@@ -152,6 +153,12 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
                  "calls ncclCommRegister): rdma then registers no buffer per message; host buffers only")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
+  app.add_option("--persistent", s.persistent,
+                 "1: each row's timed calls are starts of one persistent operation (comm.persistent(call), "
+                 "chorus/persistent.hpp), made once per row: run() with -z 1 or 2, start() and wait() with -z 0; "
+                 "not with -m above 1")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
   app.add_option("-J,--output_file", s.output_file, "write the results as JSON to this file (*.json)");
   int one_thread = 1, graph = 0, parallel_init = 0, stream_null = 0;
   app.add_option("-t,--nthreads", one_thread,
@@ -207,6 +214,8 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
     if (s.algorithm == "auto") s.algorithm.clear();
     if (device.empty()) device = s.ngpus > 0 ? "cuda" : "host";
     if (device == "host" && s.ngpus > 0) throw CLI::ValidationError("--device", "host contradicts -g 1");
+    if (s.persistent != 0 && s.agg_iters > 1)
+      throw CLI::ValidationError("--persistent", "one persistent operation starts once per group: not with -m above 1");
     s.device = device;
     if (one_thread > 1) {
       if (app.count("--nranks") > 0)

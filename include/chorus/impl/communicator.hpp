@@ -78,7 +78,20 @@ Communicator<T> Communicator<T>::create(Options options) {
 }
 
 template <class T>
-Communicator<T>::Communicator(std::unique_ptr<State> s) : s_(std::move(s)) {}
+Communicator<T>::Communicator(std::unique_ptr<State> s) : s_(std::move(s)) {
+  if (s_) s_->self = this;
+}
+// The state knows its holder (a persistent operation reaches the communicator through it).
+template <class T>
+Communicator<T>::Communicator(Communicator&& o) noexcept : s_(std::move(o.s_)) {
+  if (s_) s_->self = this;
+}
+template <class T>
+Communicator<T>& Communicator<T>::operator=(Communicator&& o) noexcept {
+  s_ = std::move(o.s_);
+  if (s_) s_->self = this;
+  return *this;
+}
 
 template <class T>
 typename Communicator<T>::State& Communicator<T>::live(std::string_view op) const {
@@ -265,7 +278,6 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   // several threads run in the order of their numbers, one at a time. The number is used up
   // once the call is valid.
   std::unique_lock lk(st.call_mu);
-  desc.seq = st.coll_seq;
   args.dtype = desc.dtype;
   args.op = desc.op;
   args.root = desc.root;
@@ -275,10 +287,19 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
   const bool is_device = args.exec->kind() == MemoryKind::device;
   const algo::Plan plan = algo::plan<T>(desc, bytes, is_device, st.plan_inputs,
                                         [&st] { return st.ipc_windows().slot_bytes(); }, st.internal_calls > 0);
+  args.slice_bytes = plan.choice.slice_bytes;
+  return planned_call(lk, desc, args, plan, async, std::move(ticket));
+}
+
+template <class T>
+Request Communicator<T>::planned_call(std::unique_lock<detail::CallLock>& lk, algo::CollectiveDesc desc,
+                                      const algo::Args& args, const algo::Plan& plan, bool async,
+                                      exec::TicketRef ticket) {
+  State& st = *s_;
+  desc.seq = st.coll_seq;
   const algo::Choice choice = plan.choice;
-  args.slice_bytes = choice.slice_bytes;
   if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::coll))
-    detail::log(detail::LogLevel::info, detail::LogSubsys::coll, rank(), algo::describe(desc), ": ", algo::to_string(choice.algorithm),
+    detail::log(detail::LogLevel::info, detail::LogSubsys::coll, st.group.rank, algo::describe(desc), ": ", algo::to_string(choice.algorithm),
                 choice.algorithm == algo::Algorithm::hierarchical ? (choice.latency ? " (latency form)" : " (bandwidth form)") : "",
                 ", slices of ", choice.slice_bytes, " bytes");
 
@@ -353,7 +374,7 @@ Request Communicator<T>::collective(algo::CollectiveDesc desc, algo::Args args, 
 /// The one entry of every collective: the fields the kind does not read take the values the typed
 /// and pointer forms give them (so a Call issues exactly what its kind's method does), then issue().
 template <class T>
-Request Communicator<T>::start(const Call& call, CallMode mode, std::optional<device::Stream> stream) {
+Call Communicator<T>::normalized(const Call& call, const char* what) const {
   Call c = call;
   switch (c.kind) {
     case CallKind::barrier: c = Call{}; break;
@@ -366,11 +387,16 @@ Request Communicator<T>::start(const Call& call, CallMode mode, std::optional<de
     case CallKind::all_gather:
     case CallKind::all_to_all: c.op = ReduceOp::sum; c.root = -1; break;
     default:
-      throw Error(ErrorCode::invalid_argument,
-                  ErrorContext{rank(), -1, mode == CallMode::blocking ? "run(Call)" : "start(Call)"},
+      throw Error(ErrorCode::invalid_argument, ErrorContext{rank(), -1, what},
                   "kind " + std::to_string(static_cast<unsigned>(c.kind)) +
                       " is not a collective a Call can name (broadcast ... barrier; not split)");
   }
+  return c;
+}
+
+template <class T>
+Request Communicator<T>::start(const Call& call, CallMode mode, std::optional<device::Stream> stream) {
+  const Call c = normalized(call, mode == CallMode::blocking ? "run(Call)" : "start(Call)");
   if (s_ && s_->grouping()) return record_call(c, stream);  // runs at group_end(), blocking or not
   Request r = issue(c, mode == CallMode::async, stream ? &*stream : nullptr);
   if (mode == CallMode::blocking) r.wait();
@@ -433,3 +459,4 @@ void Communicator<T>::abort() {
 #include "chorus/impl/shrink.hpp"
 #include "chorus/impl/grow.hpp"
 #include "chorus/impl/group_calls.hpp"
+#include "chorus/impl/persistent.hpp"

@@ -229,6 +229,9 @@ struct Communicator<T>::State {
       throw Error(ErrorCode::invalid_argument, ctx(-1, std::string(op)),
                   "cannot be called inside a group (between group_start() and group_end() on this thread)");
   }
+  // ---- persistent operations (impl/persistent.hpp) ----
+  Communicator* self = nullptr;  ///< the Communicator that holds this state (kept by its moves)
+  std::shared_ptr<const int> life = std::make_shared<const int>(0);  ///< expires with the state
   std::atomic<std::uint64_t> split_seq{0};
   std::mutex subset_mu;
   std::map<std::string, std::uint64_t> subset_seq;  ///< subsets made per list of ranks (under subset_mu)
