@@ -5,7 +5,8 @@
 // receives written in opposite orders on odd and even ranks, blocking and async forms, counts 0,
 // 1, primes and 1031, every dtype (six under ASan, four under TSan: support/sanitized.hpp),
 // compared bit for bit with the references of support/fill.hpp; ranks as threads over inproc
-// (worlds 1-5) and tcp, as processes over shm; simulated-device buffers on a stream and blocking.
+// (worlds 1-5) and tcp, as processes over shm; simulated-device buffers on a stream and blocking
+// (shm processes at world 3; ranks as threads on one device, worlds 1-5, every dtype).
 // Blocking sends of 4 MiB both ways complete inside a group; a group that differs between ranks is
 // mismatch on every rank naming both groups, and runs nothing; waiting inside the group, split
 // inside it, a second thread's group, an abandoned group and a communicator destroyed with its
@@ -27,6 +28,7 @@
 #include "chorus/communicator.hpp"
 #include "chorus/testing/sim_runtime.hpp"
 #include "support/communicators.hpp"
+#include "support/device_threads.hpp"
 #include "support/fill.hpp"
 #include "support/modes.hpp"
 #include "support/sanitized.hpp"
@@ -366,6 +368,78 @@ TEST_CASE("group: simulated-device buffers, on a stream and blocking: shm proces
     }
     rt.destroy_stream(s);
     c.barrier();
+  });
+}
+
+/// Device buffers in one group: an all_reduce in place on a stream, one out of place blocking (the
+/// default stream), a broadcast and a reduce_scatter on the stream; ranks as threads of one process
+/// on one simulated device (the collective kernel).
+template <class T>
+void device_group_case(chorus::Communicator<chorus::inproc::Transport>& c, chorus::device::SimRuntime& rt,
+                       chorus::device::Stream s, std::size_t count) {
+  const int n = c.size(), me = c.rank();
+  const std::size_t un = static_cast<std::size_t>(n);
+  const DataType dt = chorus::data_type_of<T>;
+  const std::uint64_t seed = count * 100 + static_cast<std::uint64_t>(dt);
+  std::vector<T> ha(count), hin(count), hbc(count), hrs(count * un);
+  for (std::size_t i = 0; i < count; ++i) {
+    ha[i] = chorus::test::input<T>(seed, n, me, i, ReduceOp::sum);
+    hin[i] = chorus::test::input<T>(seed + 1, n, me, i, ReduceOp::max);
+    hbc[i] = me == n - 1 ? chorus::test::pattern<T>(seed + 2, n - 1, i) : chorus::test::pattern<T>(3, me, i);
+  }
+  for (std::size_t i = 0; i < hrs.size(); ++i) hrs[i] = chorus::test::input<T>(seed + 3, n, me, i, ReduceOp::sum);
+  auto upload = [&](const std::vector<T>& h) {
+    auto* d = static_cast<T*>(rt.alloc_device(h.size() * sizeof(T)));
+    rt.copy(d, h.data(), h.size() * sizeof(T), s);
+    return d;
+  };
+  T* a = upload(ha);
+  T* in = upload(hin);
+  T* out = upload(std::vector<T>(count));
+  T* bc = upload(hbc);
+  T* rs_in = upload(hrs);
+  T* rs_out = upload(std::vector<T>(count));
+  rt.synchronize(s);
+  std::vector<chorus::Request> on_stream;
+  c.group([&] {
+    on_stream.push_back(c.all_reduce(a, a, count, dt, ReduceOp::sum, s));
+    c.all_reduce(in, out, count, dt, ReduceOp::max);  // blocking, on the default stream
+    on_stream.push_back(c.broadcast(bc, count, dt, n - 1, s));
+    on_stream.push_back(c.reduce_scatter(rs_in, rs_out, count, dt, ReduceOp::sum, s));
+  });
+  for (chorus::Request& r : on_stream) r.wait();
+  rt.synchronize(s);
+  auto read = [&](const T* d) {
+    std::vector<T> h(count);
+    rt.copy(h.data(), d, count * sizeof(T), s);
+    rt.synchronize(s);
+    return h;
+  };
+  const std::string at = " " + std::string(chorus::to_string(dt)) + " count " + std::to_string(count) + " in a group (world " +
+                         std::to_string(n) + ", device)";
+  std::vector<T> want(count);
+  for (std::size_t i = 0; i < count; ++i) want[i] = chorus::test::expected_all_reduce<T>(seed, n, i, ReduceOp::sum);
+  same(read(a), want, "all_reduce sum on a stream" + at, me);
+  for (std::size_t i = 0; i < count; ++i) want[i] = chorus::test::expected_all_reduce<T>(seed + 1, n, i, ReduceOp::max);
+  same(read(out), want, "all_reduce max, blocking" + at, me);
+  for (std::size_t i = 0; i < count; ++i) want[i] = chorus::test::pattern<T>(seed + 2, n - 1, i);
+  same(read(bc), want, "broadcast on a stream" + at, me);
+  for (std::size_t i = 0; i < count; ++i)
+    want[i] = chorus::test::expected_all_reduce<T>(seed + 3, n, static_cast<std::size_t>(me) * count + i, ReduceOp::sum);
+  same(read(rs_out), want, "reduce_scatter on a stream" + at, me);
+  // Ranks as threads share the device: freeing waits for all of it, so no rank frees while a
+  // peer's call may still run, and none starts its next call while one frees.
+  c.barrier();
+  for (T* d : {a, in, out, bc, rs_in, rs_out}) rt.free_device(d);
+  c.barrier();
+}
+
+TEST_CASE("group: simulated-device buffers, on a stream and blocking, every dtype: ranks as threads on one device, worlds 1 to 5") {
+  chorus::test::run_device_threads(5, [](auto& c, chorus::device::SimRuntime& rt, chorus::device::Stream s) {
+    for (DataType dt : chorus::test::matrix_dtypes())  // six of the ten under ASan, four under TSan
+      chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
+        for (std::size_t count : {std::size_t(1), std::size_t(13), std::size_t(1031)}) device_group_case<T>(c, rt, s, count);
+      });
   });
 }
 

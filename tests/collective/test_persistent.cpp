@@ -14,7 +14,6 @@
 
 #include <doctest/doctest.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -28,6 +27,7 @@
 #include "chorus/group.hpp"
 #include "chorus/testing/sim_runtime.hpp"
 #include "support/communicators.hpp"
+#include "support/device_threads.hpp"
 #include "support/fill.hpp"
 #include "support/modes.hpp"
 #include "support/sanitized.hpp"
@@ -280,26 +280,12 @@ void device_case(chorus::Communicator<chorus::inproc::Transport>& c, chorus::dev
 }
 
 TEST_CASE("persistent: simulated-device buffers, on a stream and blocking, every dtype: ranks as threads on one device, worlds 1 to 5") {
-  for (int n = 1; n <= 5; ++n) {
-    CAPTURE(n);
-    chorus::device::SimRuntime rt;  // outlives the communicators
-    chorus::test::ThreadOptions t;
-    t.timeout = std::chrono::seconds(60);
-    chorus::test::run_threads(
-        n,
-        [&](int, chorus::Options o) {
-          auto c = chorus::Communicator<chorus::inproc::Transport>::create(std::move(o));
-          c.set_device_runtime(&rt);
-          const chorus::device::Stream s = rt.create_stream();
-          for (DataType dt : chorus::test::matrix_dtypes())
-            chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
-              for (std::size_t count : {std::size_t(1), std::size_t(13), std::size_t(1031)}) device_case<T>(c, rt, s, count);
-            });
-          rt.destroy_stream(s);
-          c.barrier();
-        },
-        t);
-  }
+  chorus::test::run_device_threads(5, [](auto& c, chorus::device::SimRuntime& rt, chorus::device::Stream s) {
+    for (DataType dt : chorus::test::matrix_dtypes())
+      chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
+        for (std::size_t count : {std::size_t(1), std::size_t(13), std::size_t(1031)}) device_case<T>(c, rt, s, count);
+      });
+  });
 }
 
 TEST_CASE("persistent: starts inside a group run at its end; a moved communicator keeps its operations") {

@@ -194,6 +194,8 @@ class RequestState {
   /// The engine that completes this request: its waiter drives it, and a timeout aborts it unless
   /// an on-timeout hook is set (set once, before the request is handed out).
   void set_driver(std::weak_ptr<Driver> d) { driver_ = std::move(d); }
+  /// The driver set_driver gave (read it once that is done: the two are not synchronised).
+  const std::weak_ptr<Driver>& driver() const { return driver_; }
 
   // ---- a receive from any source (Communicator::irecv_any_bytes) ----
   // Every link of the communicator holds an entry for it; the first link with a message for its

@@ -81,7 +81,8 @@ Request Communicator<T>::record_call(const Call& c, std::optional<device::Stream
   detail::GroupItem it;
   it.call = c;
   it.stream = stream;
-  it.fusable = !stream && st.kind_of(c.in, c.out, d) == MemoryKind::host && detail::fusable_kind(c.kind);
+  it.fusable = !stream && st.kind_of(c.in, c.out, d) == MemoryKind::host && detail::fusable_kind(c.kind) &&
+               c.op != ReduceOp::premul_sum;  // each its own scalar
   // Named when it is read (an error): "all_reduce of 1024 bytes, call 3 of a group".
   const detail::LazyOp what{algo::to_string(c.kind).data(), st.group_items.size(), c.count * size_of(c.dtype),
                             [](const char* verb, std::uint64_t index, std::size_t bytes) {
@@ -131,6 +132,9 @@ inline void complete_as(RequestState& to, std::exception_ptr e, std::size_t byte
 
 template <class T>
 void Communicator<T>::group_end() {
+  // The guard outlives the group's calls (their completions hold it): a wait after group_end() for
+  // a call it did not wait for (one on a stream) drives that call's engine through it.
+  std::shared_ptr<detail::GroupGuard> guard = s_ && s_->grouping() ? s_->group_guard : nullptr;
   std::vector<detail::GroupItem> items = close_group("group_end");
   if (items.empty()) return;
   State& st = *s_;
@@ -179,7 +183,8 @@ void Communicator<T>::group_end() {
   auto chain = [&](Request r, detail::GroupItem& it, bool wait_here) {
     // A send or receive moves exactly its size (a receive of another size fails), a collective none.
     const std::size_t bytes = it.kind == detail::GroupItem::Kind::collective ? 0 : it.bytes;
-    r.on_complete([to = it.req, bytes](std::exception_ptr e) { detail::complete_as(*to, e, bytes); });
+    if (guard && r.state()) guard->forward(it.req.get(), r.state()->driver());
+    r.on_complete([to = it.req, bytes, guard](std::exception_ptr e) { detail::complete_as(*to, e, bytes); });
     if (wait_here) waits.emplace_back(std::move(r), &it);
   };
   for (auto pass : {detail::GroupItem::Kind::recv, detail::GroupItem::Kind::send})

@@ -14,10 +14,12 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "chorus/algo/descriptor.hpp"
@@ -66,19 +68,42 @@ class GroupGuard final : public Driver {
  public:
   explicit GroupGuard(std::thread::id owner) : owner_(owner) {}
   void close() { open_.store(false, std::memory_order_release); }
-  void drive(const RequestState& r, Clock::time_point) override {
+  /// After group_end() issued the call of `item`: a wait for `item` drives the engine of that
+  /// call's request (a collective kernel's, whose requests complete when a waiter reaps them).
+  void forward(const RequestState* item, std::weak_ptr<Driver> to) {
+    std::lock_guard lk(mu_);
+    forward_.emplace_back(item, std::move(to));
+  }
+  void drive(const RequestState& r, Clock::time_point deadline) override {
     if (open_.load(std::memory_order_acquire) && std::this_thread::get_id() == owner_)
       throw Error(ErrorCode::invalid_argument, r.context(),
                   "waited for inside the group that issued it: a group's calls run at group_end() (chorus/group.hpp); "
                   "wait after it");
+    std::shared_ptr<Driver> to;
+    {
+      std::lock_guard lk(mu_);
+      for (const auto& [item, d] : forward_)
+        if (item == &r) to = d.lock();
+    }
+    if (to) to->drive(r, deadline);  // until r is done (its call's completion completes it) or the deadline
   }
   void drive_until(bool (*)(const void*), const void*, Clock::time_point) override {}
-  void poll() override {}
+  void poll() override {
+    std::vector<std::shared_ptr<Driver>> all;
+    {
+      std::lock_guard lk(mu_);
+      for (const auto& f : forward_)
+        if (auto d = f.second.lock()) all.push_back(std::move(d));
+    }
+    for (const auto& d : all) d->poll();
+  }
   void on_timeout(const Error&) override {}
 
  private:
   std::thread::id owner_;
   std::atomic<bool> open_{true};
+  std::mutex mu_;
+  std::vector<std::pair<const RequestState*, std::weak_ptr<Driver>>> forward_;  ///< under mu_
 };
 
 /// What the ranks of a group compare before running it: its collectives in order (kind, count,
