@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "chorus/core/buffer.hpp"
 #include "chorus/core/concepts.hpp"
@@ -51,7 +52,7 @@
 namespace chorus {
 
 namespace detail { struct GroupItem; class CallLock; }  // impl/group_items.hpp, impl/state.hpp
-namespace algo { struct Plan; }                          // algo/plan.hpp
+namespace algo { struct Plan; }  // algo/plan.hpp
 
 /// What a communicator holds besides the caller's buffers (Communicator::memory_stats()). Each part
 /// has a cap or shrinks (docs/design.md, "Memory"); the transport's part is shared with the
@@ -82,7 +83,8 @@ using CallKind = algo::CollectiveKind;
 /// One collective as plain data (chorus/call.hpp): what Communicator::start issues. What a kind
 /// reads: broadcast uses `out` only (in place); barrier nothing; `op` applies to all_reduce, reduce
 /// and reduce_scatter, `root` to broadcast, reduce, gather and scatter (elsewhere both are
-/// ignored). `count` is in elements per rank as the pointer-form methods count it.
+/// ignored). `count` is in elements per rank as the pointer-form methods count it. `scalar`: op
+/// premul_sum's factor, one element of `dtype` in host (read when the call runs) or device memory.
 struct Call {
   CallKind kind = CallKind::barrier;
   const void* in = nullptr;
@@ -91,6 +93,7 @@ struct Call {
   DataType dtype = DataType::uint8;
   ReduceOp op = ReduceOp::sum;
   int root = -1;
+  const void* scalar = nullptr;
 };
 
 /// How Communicator::start issues a call: `blocking` returns when this rank's part is done (on
@@ -292,8 +295,7 @@ class Communicator {
   void reduce_scatter(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op) { start({CallKind::reduce_scatter, in, out, count, dt, op}, CallMode::blocking); }
   void all_to_all(const void* in, void* out, std::size_t count, DataType dt) { start({CallKind::all_to_all, in, out, count, dt}, CallMode::blocking); }
 
-  // ---- Persistent collectives (chorus/persistent.hpp: the rules) -------------------------------
-  // Checked (and on host buffers planned) once, started many times: MPI_Allreduce_init, MPI_Start.
+  // ---- Persistent collectives (chorus/persistent.hpp): checked (host: planned) once, started many times
   Persistent<T> persistent(const Call& call);
   template <WritableElementRange R> Persistent<T> all_reduce_init(R&& inout, ReduceOp op) { return persistent(all_reduce_call(inout, inout, op)); }
   template <ElementRange In, WritableElementRange Out> Persistent<T> all_reduce_init(const In& in, Out&& out, ReduceOp op) { return persistent(all_reduce_call(in, out, op)); }
@@ -323,22 +325,14 @@ class Communicator {
   Request reduce_scatter(const void* in, void* out, std::size_t count, DataType dt, ReduceOp op, device::Stream stream) { return start({CallKind::reduce_scatter, in, out, count, dt, op}, CallMode::async, stream); }
   Request all_to_all(const void* in, void* out, std::size_t count, DataType dt, device::Stream stream) { return start({CallKind::all_to_all, in, out, count, dt}, CallMode::async, stream); }
   /// Typed forms (std::span over device memory, ...), with the size checks of the host forms.
-  template <ElementRange In, WritableElementRange Out>
-  Request all_reduce(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return start(all_reduce_call(in, out, op), CallMode::async, stream); }
-  template <WritableElementRange R>
-  Request broadcast(R&& buf, int root, device::Stream stream) { return start(broadcast_call(buf, root), CallMode::async, stream); }
-  template <ElementRange In, WritableElementRange Out>
-  Request reduce(const In& in, Out&& out, ReduceOp op, int root, device::Stream stream) { return start(reduce_call(in, out, op, root), CallMode::async, stream); }
-  template <ElementRange In, WritableElementRange Out>
-  Request scatter(const In& in, Out&& out, int root, device::Stream stream) { return start(scatter_call(in, out, root), CallMode::async, stream); }
-  template <ElementRange In, WritableElementRange Out>
-  Request gather(const In& in, Out&& out, int root, device::Stream stream) { return start(gather_call(in, out, root), CallMode::async, stream); }
-  template <ElementRange In, WritableElementRange Out>
-  Request all_gather(const In& in, Out&& out, device::Stream stream) { return start(all_gather_call(in, out), CallMode::async, stream); }
-  template <ElementRange In, WritableElementRange Out>
-  Request reduce_scatter(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return start(reduce_scatter_call(in, out, op), CallMode::async, stream); }
-  template <ElementRange In, WritableElementRange Out>
-  Request all_to_all(const In& in, Out&& out, device::Stream stream) { return start(all_to_all_call(in, out), CallMode::async, stream); }
+  template <ElementRange In, WritableElementRange Out> Request all_reduce(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return start(all_reduce_call(in, out, op), CallMode::async, stream); }
+  template <WritableElementRange R> Request broadcast(R&& buf, int root, device::Stream stream) { return start(broadcast_call(buf, root), CallMode::async, stream); }
+  template <ElementRange In, WritableElementRange Out> Request reduce(const In& in, Out&& out, ReduceOp op, int root, device::Stream stream) { return start(reduce_call(in, out, op, root), CallMode::async, stream); }
+  template <ElementRange In, WritableElementRange Out> Request scatter(const In& in, Out&& out, int root, device::Stream stream) { return start(scatter_call(in, out, root), CallMode::async, stream); }
+  template <ElementRange In, WritableElementRange Out> Request gather(const In& in, Out&& out, int root, device::Stream stream) { return start(gather_call(in, out, root), CallMode::async, stream); }
+  template <ElementRange In, WritableElementRange Out> Request all_gather(const In& in, Out&& out, device::Stream stream) { return start(all_gather_call(in, out), CallMode::async, stream); }
+  template <ElementRange In, WritableElementRange Out> Request reduce_scatter(const In& in, Out&& out, ReduceOp op, device::Stream stream) { return start(reduce_scatter_call(in, out, op), CallMode::async, stream); }
+  template <ElementRange In, WritableElementRange Out> Request all_to_all(const In& in, Out&& out, device::Stream stream) { return start(all_to_all_call(in, out), CallMode::async, stream); }
 
   /// The runtime that tells device memory from host memory and runs the device data path: the
   /// process default (device::default_runtime()) at creation; null when there is none (every
@@ -461,6 +455,8 @@ class Communicator {
                        const algo::Plan& plan, bool async, exec::TicketRef ticket = {});
   /// `call` with the fields its kind does not read set as its typed form sets them (start()).
   Call normalized(const Call& call, const char* what) const;
+  /// premul_sum: scales the input into `call`'s output or returned scratch, which `call` then reads (impl/premul.hpp).
+  std::shared_ptr<std::vector<std::byte>> prescale(Call& call, MemoryKind kind, const device::Stream* stream);
   /// A call on device buffers that the collective kernel takes (impl/kernel_call.hpp): launched
   /// on `stream` (the default one where null: blocking unless `async`).
   Request kernel_call(algo::CollectiveDesc desc, const std::byte* in, std::byte* out, const device::Stream* stream,

@@ -289,6 +289,7 @@ constexpr T input_from(std::uint64_t h, std::uint64_t hi, int world, int rank, s
     switch (op) {
       case ReduceOp::sum:
       case ReduceOp::avg:
+      case ReduceOp::premul_sum:  // not of integers (is_valid_op); as sum
         // Mostly full range (wraps), one index in four small (no wrap: a sign error shows).
         if ((hi & 3u) == 0) return static_cast<T>(static_cast<std::int64_t>(h % 7) - 3);
         return from_bits<T>(h);
@@ -317,7 +318,8 @@ constexpr T input_from(std::uint64_t h, std::uint64_t hi, int world, int rank, s
   } else {
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: {
+      case ReduceOp::avg:
+      case ReduceOp::premul_sum: {  // scaled by a power of two, a sum's inputs stay exact
         if (hi % 31 == 7) return from_double<T>(-0.0);  // -0 on every rank: the sum is -0
         const int span = sum_exponent_span<T>();
         const int e = static_cast<int>((hi >> 8) % static_cast<std::uint64_t>(2 * span + 1)) - span;

@@ -272,6 +272,7 @@ T functor(ReduceOp op, T a, T b) {
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
+    case ReduceOp::premul_sum:  // its steps sum (the scaling comes first)
       return chorus::Sum{}(a, b);
     case ReduceOp::prod:
       return chorus::Prod{}(a, b);

@@ -119,7 +119,8 @@ struct Inputs {
     if constexpr (std::is_integral_v<T>) {
       switch (op) {
         case ReduceOp::sum:
-        case ReduceOp::avg: {
+        case ReduceOp::avg:
+        case ReduceOp::premul_sum: {  // not of integers, nor among -o's ops
           std::uint64_t acc = 0;
           for (int r = 0; r < n; ++r) acc += wide((*this)(r, i));
           const T s = static_cast<T>(acc);  // modulo 2^bits, as the library wraps
@@ -162,7 +163,8 @@ struct Inputs {
         const double v = to_double((*this)(r, i));
         switch (op) {
           case ReduceOp::sum:
-          case ReduceOp::avg: acc += v; break;
+          case ReduceOp::avg:
+          case ReduceOp::premul_sum: acc += v; break;  // not among -o's ops
           case ReduceOp::prod: acc *= v; break;
           case ReduceOp::min: acc = std::min(acc, v); break;
           case ReduceOp::max: acc = std::max(acc, v); break;

@@ -88,7 +88,11 @@ constexpr std::optional<DataType> parse_data_type(std::string_view s) noexcept {
 
 /// Reduction operators. avg is sum followed by division by the number of ranks. band, bor and
 /// bxor (bitwise and, or, exclusive or) apply to the integer types only (is_valid_op).
-enum class ReduceOp { sum, prod, min, max, avg, band, bor, bxor };
+/// premul_sum (NCCL's ncclRedOpCreatePreMulSum): each rank's input multiplied by the call's scalar
+/// (Call::scalar: one element of the call's dtype, which each rank gives for itself), rounded once,
+/// then summed; floating-point types only. It needs its scalar, so it is in neither list below,
+/// and only the calls that take a chorus::Call carry it (Communicator::start, persistent).
+enum class ReduceOp { sum, prod, min, max, avg, band, bor, bxor, premul_sum };
 
 /// The arithmetic operators, valid for every DataType.
 inline constexpr std::array<ReduceOp, 5> kAllReduceOps = {
@@ -113,6 +117,7 @@ constexpr std::string_view to_string(ReduceOp op) noexcept {
     case ReduceOp::band: return "band";
     case ReduceOp::bor: return "bor";
     case ReduceOp::bxor: return "bxor";
+    case ReduceOp::premul_sum: return "premul_sum";
   }
   return "unknown";
 }
@@ -125,6 +130,7 @@ constexpr std::optional<ReduceOp> parse_reduce_op(std::string_view s) noexcept {
   for (ReduceOp op : kBitwiseReduceOps) {
     if (s == to_string(op)) return op;
   }
+  if (s == to_string(ReduceOp::premul_sum)) return ReduceOp::premul_sum;
   return std::nullopt;
 }
 
@@ -438,8 +444,11 @@ constexpr decltype(auto) dispatch(DataType t, F&& f) {
 }
 
 /// Whether `op` applies to elements of type `dt`: the arithmetic operators to every type, the
-/// bitwise ones to the integer types (int8 ... uint64) only.
+/// bitwise ones to the integer types (int8 ... uint64) only, premul_sum to the floating-point
+/// types (float16, bfloat16, float32, float64) only.
 constexpr bool is_valid_op(DataType dt, ReduceOp op) noexcept {
+  if (op == ReduceOp::premul_sum)
+    return dt == DataType::float16 || dt == DataType::bfloat16 || dt == DataType::float32 || dt == DataType::float64;
   if (!is_bitwise(op)) return to_string(op) != "unknown";
   switch (dt) {
     case DataType::int8: case DataType::uint8: case DataType::int32: case DataType::uint32:

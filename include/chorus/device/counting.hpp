@@ -182,6 +182,13 @@ class CountingRuntime final : public Runtime {
     ++launches_;
     traffic_ += 2 * count * size_of(dt);
   }
+  void premul(DataType dt, void* out, const void* in, std::size_t count, const void* scalar, bool scalar_on_device,
+              Stream s) override {
+    in_.premul(dt, out, in, count, scalar, scalar_on_device, s);
+    if (count == 0) return;
+    ++launches_;
+    traffic_ += 2 * count * size_of(dt);
+  }
   void wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) override {
     in_.wait_flag(s, flag, timeout_ns);
     ++launches_;

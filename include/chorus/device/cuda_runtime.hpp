@@ -300,6 +300,10 @@ class CudaRuntime final : public Runtime {
   void finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) override {
     detail::cuda_check(finalize_avg_async(dt, data, count, world_size, s), "finalize_avg_async");
   }
+  void premul(DataType dt, void* out, const void* in, std::size_t count, const void* scalar, bool scalar_on_device,
+              Stream s) override {
+    detail::cuda_check(premul_async(dt, out, in, count, scalar, scalar_on_device, s), "premul_async");
+  }
   void wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) override {
     void* mapped = nullptr;
     detail::cuda_check(cudaHostGetDevicePointer(&mapped, const_cast<std::uint32_t*>(flag), 0),

@@ -148,6 +148,16 @@ class Runtime {
                            Stream s) = 0;
   /// data[i] /= world_size for avg (the finalize_avg kernel). Bitwise the host's chorus::finalize_avg.
   virtual void finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) = 0;
+  /// premul_sum's first step: out[i] = in[i] * scalar for `count` elements of dt (a floating type)
+  /// in device memory (the premul kernel; bitwise the host's chorus::premul). `scalar` is one
+  /// element of dt: in host memory read at the call, or in device memory (`scalar_on_device`) read
+  /// when the stream runs the kernel. out may equal in. A runtime without the kernel throws
+  /// Error(unsupported).
+  virtual void premul(DataType dt, void* out, const void* in, std::size_t count, const void* scalar, bool scalar_on_device,
+                      Stream s) {
+    (void)dt, (void)out, (void)in, (void)count, (void)scalar, (void)scalar_on_device, (void)s;
+    throw Error(ErrorCode::unsupported, std::string(name()) + ": no premul kernel (premul_sum on device buffers)");
+  }
   /// Work enqueued on `s` after this waits until `*flag` (in memory from alloc_pinned) is not 0,
   /// which the host sets with a release store; after `timeout_ns` it gives up and lets the stream
   /// go on (the caller reports the failure another way: the flag is never a silent hang).

@@ -391,6 +391,7 @@ Call Communicator<T>::normalized(const Call& call, const char* what) const {
                   "kind " + std::to_string(static_cast<unsigned>(c.kind)) +
                       " is not a collective a Call can name (broadcast ... barrier; not split)");
   }
+  if (c.op != ReduceOp::premul_sum) c.scalar = nullptr;  // only premul_sum reads it
   return c;
 }
 
@@ -404,30 +405,41 @@ Request Communicator<T>::start(const Call& call, CallMode mode, std::optional<de
 }
 
 template <class T>
-Request Communicator<T>::issue(const Call& call, bool async, const device::Stream* stream) {
-  const auto [kind, in, out, count, dt, op, root] = call;
-  (void)live(algo::to_string(kind));
-  detail::check_collective_args(kind, in, out, count, dt, op, root, rank(), size());
-  const algo::CollectiveDesc d = detail::desc_of(call);
+Request Communicator<T>::issue(const Call& given, bool async, const device::Stream* stream) {
+  (void)live(algo::to_string(given.kind));
+  detail::check_collective_args(given.kind, given.in, given.out, given.count, given.dtype, given.op, given.root, rank(),
+                                size());
+  const algo::CollectiveDesc d = detail::desc_of(given);
   State& st = *s_;
-  algo::Args a;
-  a.in = static_cast<const std::byte*>(in);
-  a.out = static_cast<std::byte*>(out);
-  a.exec = &st.host_exec;
   if (stream && !st.runtime)
     throw Error(ErrorCode::unsupported, st.ctx(-1, algo::describe(d)),
                 "a call on a stream needs a device runtime (include chorus/cuda.hpp from a .cu file, or "
                 "set one with device::set_default_runtime or set_device_runtime)");
-  const MemoryKind kind_found = st.kind_of(in, out, d);
-  if (stream && kind_found == MemoryKind::host && (in != nullptr || out != nullptr))
+  const MemoryKind kind_found = st.kind_of(given.in, given.out, d);
+  if (stream && kind_found == MemoryKind::host && (given.in != nullptr || given.out != nullptr))
     throw Error(ErrorCode::invalid_argument, st.ctx(-1, algo::describe(d)),
                 "a call on a stream takes device buffers; these are in host memory (use the calls without a stream)");
-  if (!stream && kind_found == MemoryKind::host) return collective(d, a, async);
-  // Device buffers: the call is ordered on the stream (the default one without a stream).
-  {
+  // premul_sum: the input scaled first (into the output, or scratch kept until the call is done);
+  // the call's descriptor keeps premul_sum, and its steps sum.
+  const bool on_device = stream || kind_found == MemoryKind::device;
+  if (on_device) {  // a device call after a failure on a stream fails at once
     std::lock_guard g(st.async_mu);
     if (st.async_error) throw *st.async_error;
   }
+  Call call = given;
+  std::shared_ptr<std::vector<std::byte>> scaled;
+  if (call.op == ReduceOp::premul_sum) scaled = prescale(call, kind_found, stream);
+  const auto [kind, in, out, count, dt, op, root, scalar] = call;
+  algo::Args a;
+  a.in = static_cast<const std::byte*>(in);
+  a.out = static_cast<std::byte*>(out);
+  a.exec = &st.host_exec;
+  if (!on_device) {
+    Request r = collective(d, a, async);
+    if (scaled) r.on_complete([scaled](std::exception_ptr) {});  // the scratch lives until the call is done
+    return r;
+  }
+  // Device buffers: the call is ordered on the stream (the default one without a stream).
   if (st.plan_inputs.kernel && algo::kernel_takes(kind) && st.takes_kernel(d))
     return kernel_call(d, a.in, a.out, stream, async);
   std::unique_lock lk(st.call_mu);  // the executor and its tickets are made and issued in call order
@@ -460,3 +472,4 @@ void Communicator<T>::abort() {
 #include "chorus/impl/grow.hpp"
 #include "chorus/impl/group_calls.hpp"
 #include "chorus/impl/persistent.hpp"
+#include "chorus/impl/premul.hpp"

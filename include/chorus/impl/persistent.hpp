@@ -54,7 +54,8 @@ Persistent<T> Communicator<T>::persistent(const Call& call) {
   detail::check_collective_args(c.kind, c.in, c.out, c.count, c.dtype, c.op, c.root, rank(), size());
   p->desc = detail::desc_of(c);
   detail::check_root(p->desc, rank(), size());
-  if (st.kind_of(c.in, c.out, p->desc) == MemoryKind::host) {
+  // premul_sum reads its scalar at each start: such a call is issued whole each time.
+  if (st.kind_of(c.in, c.out, p->desc) == MemoryKind::host && c.op != ReduceOp::premul_sum) {
     algo::Args& a = p->args;
     a.in = static_cast<const std::byte*>(c.in);
     a.out = static_cast<std::byte*>(c.out);

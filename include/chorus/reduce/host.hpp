@@ -39,6 +39,7 @@
 /// exact either way.
 
 #include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -97,6 +98,10 @@ CHORUS_DECL void reduce(ReduceOp op, DataType dt, void* out, const void* a, cons
 
 /// avg's final division over `count` elements of type dt. (CHORUS_DECL, as reduce above.)
 CHORUS_DECL void finalize_avg(DataType dt, void* data, std::size_t count, int world_size);
+
+/// premul_sum's first step: out[i] = in[i] * scalar (Prod: rounded once to dt, as the device's
+/// premul kernel computes it), `scalar` pointing to one element of dt; out may be in.
+inline void premul(DataType dt, void* out, const void* in, std::size_t count, const void* scalar);
 
 // ---------------------------------------------------------------------------------------------
 // Implementation
@@ -219,12 +224,13 @@ bool ranges_overlap(const T* p, const T* q, std::size_t n) noexcept {
   return x < y + bytes && y < x + bytes;
 }
 
-/// Calls f(Op{}) with the functor of op; avg maps to Sum.
+/// Calls f(Op{}) with the functor of op; avg and premul_sum map to Sum.
 template <class F>
 decltype(auto) dispatch_op(ReduceOp op, F&& f) {
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
+    case ReduceOp::premul_sum:  // its inputs were scaled first (chorus::premul): the steps sum
       return static_cast<F&&>(f)(Sum{});
     case ReduceOp::prod:
       return static_cast<F&&>(f)(Prod{});
@@ -413,6 +419,16 @@ void finalize_avg(T* data, std::size_t n, int world_size) {
 
 inline void reduce(ReduceOp op, DataType dt, void* inout, const void* in, std::size_t count) {
   reduce(op, dt, inout, inout, in, count);
+}
+
+inline void premul(DataType dt, void* out, const void* in, std::size_t count, const void* scalar) {
+  dispatch(dt, [&]<class T>(std::type_identity<T>) {
+    T s;
+    std::memcpy(&s, scalar, sizeof(T));
+    T* o = static_cast<T*>(out);
+    const T* x = static_cast<const T*>(in);
+    for (std::size_t i = 0; i < count; ++i) o[i] = Prod{}(x[i], s);
+  });
 }
 
 }  // namespace chorus

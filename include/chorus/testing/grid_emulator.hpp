@@ -21,6 +21,7 @@
 /// buffers below one grid's reach (16 MiB of each operand) in address order.
 
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -92,6 +93,23 @@ inline void emulate_reduce_many(ReduceOp op, DataType dt, void* out, const void*
 
 /// data[i] = avg_divide(data[i], world_size) as the finalize_avg kernel computes it. Throws
 /// Error(invalid_argument) for world_size < 1 or an invalid DataType, as chorus::finalize_avg does.
+/// premul_async's kernel on the host: out[i] = in[i] * scalar (PreMulBody), `scalar` one element
+/// of dt (read as the kernel reads it, from device memory where `scalar_on_device`: here the same).
+inline void emulate_premul(DataType dt, void* out, const void* in, std::size_t count, const void* scalar,
+                           bool scalar_on_device) {
+  if (!is_valid_op(dt, ReduceOp::premul_sum) || scalar == nullptr)
+    throw Error(ErrorCode::invalid_argument, "emulate_premul: " + std::string(to_string(dt)) + " with a " +
+                                                 (scalar == nullptr ? "null" : "given") + " scalar");
+  dispatch(dt, [&]<class T>(std::type_identity<T>) {
+    if (count == 0) return;
+    DevicePreMulArgs<T> args{static_cast<T*>(out), static_cast<const T*>(in), count, T{}, nullptr};
+    if (scalar_on_device) args.scalar_device = static_cast<const T*>(scalar);
+    else std::memcpy(&args.scalar, scalar, sizeof(T));
+    const PreMulBody<T> body{};
+    detail::run_grid(finalize_avg_launch_shape(count), [&](GridCoord g) { body(args, g); });
+  });
+}
+
 inline void emulate_finalize_avg(DataType dt, void* data, std::size_t count, int world_size) {
   if (world_size < 1) {
     throw Error(ErrorCode::invalid_argument,

@@ -40,7 +40,7 @@
 ///   stream's worker has passed its record (timing events take the clock there).
 /// * Checks, at run time in the stream like compute-sanitizer: a copy or fill whose device side
 ///   is not inside one live device allocation, or whose host side is null or runs past a pinned
-///   buffer, fails with cudaErrorInvalidValue (1); a kernel (reduce, reduce_many, finalize_avg) whose operands
+///   buffer, fails with cudaErrorInvalidValue (1); a kernel (reduce, reduce_many, finalize_avg, premul) whose operands
 ///   are not inside live device allocations fails with cudaErrorIllegalAddress (700). Arguments
 ///   wrong at the call itself (unknown handles, a DataType or ReduceOp out of range, a flag not in
 ///   pinned memory) throw at the call.
@@ -145,6 +145,8 @@ class SimRuntime final : public Runtime {
   void reduce_many(ReduceOp op, DataType dt, void* out, const void* const* srcs, int n, std::size_t count,
                    Stream s) override;
   void finalize_avg(DataType dt, void* data, std::size_t count, int world_size, Stream s) override;
+  void premul(DataType dt, void* out, const void* in, std::size_t count, const void* scalar, bool scalar_on_device,
+              Stream s) override;
   void wait_flag(Stream s, const std::uint32_t* flag, std::uint64_t timeout_ns) override;
   void write_value(Stream s, std::uint64_t* word, std::uint64_t value) override;
   void wait_value(Stream s, const std::uint64_t* word, std::uint64_t value, std::uint32_t* abort,
@@ -191,7 +193,7 @@ class SimRuntime final : public Runtime {
   struct StreamState;
   struct EventState;
   enum class OpKind {
-    copy, fill, reduce, reduce_many, finalize_avg, wait_flag, write_value, wait_value, record, wait_event, collective
+    copy, fill, reduce, reduce_many, finalize_avg, premul, wait_flag, write_value, wait_value, record, wait_event, collective
   };
   struct Op {
     explicit Op(OpKind k) : kind(k) {}
@@ -207,7 +209,7 @@ class SimRuntime final : public Runtime {
     ReduceOp op = ReduceOp::sum;
     DataType dt = DataType::uint8;
     std::uint64_t timeout_ns = 0;
-    std::uint64_t word_value = 0;  ///< write_value: what is stored; wait_value: what is waited for
+    std::uint64_t word_value = 0;  ///< write_value: what is stored; wait_value: what is waited for; premul: the host scalar's bytes
     std::shared_ptr<EventState> event;    ///< record
     std::uint64_t generation = 0;         ///< record: which record of the event this is
     std::shared_ptr<StreamState> target;  ///< wait_event: the stream waited for ...

@@ -110,6 +110,17 @@ struct DeviceAvgArgs {
   int world_size;
 };
 
+/// premul_sum's first step: out[i] = in[i] * scalar, the scalar read from device memory by every
+/// thread when `scalar_device` is set (NCCL's ncclScalarDevice), else `scalar` (ncclScalarHostImmediate).
+template <class T>
+struct DevicePreMulArgs {
+  T* out;
+  const T* in;
+  std::size_t count;
+  T scalar;
+  const T* scalar_device;
+};
+
 static_assert(std::is_trivially_copyable_v<DeviceReduceArgs<float>> &&
               std::is_trivially_copyable_v<DeviceReduceArgs<float16>> &&
               std::is_trivially_copyable_v<DeviceAvgArgs<bfloat16>> && std::is_trivially_copyable_v<GridCoord> &&
@@ -262,6 +273,17 @@ struct FinalizeAvgBody {
   }
 };
 
+/// The premul kernel's body for one thread: out[i] = Prod{}(in[i], scalar) for i = first + k *
+/// stride (the host's chorus::premul, same bits); its grid is finalize_avg_launch_shape(count).
+template <class T>
+struct PreMulBody {
+  CHORUS_HOST_DEVICE void operator()(const DevicePreMulArgs<T>& args, GridCoord g) const {
+    const T scalar = args.scalar_device != nullptr ? *args.scalar_device : args.scalar;
+    const std::size_t stride = g.grid_threads();
+    for (std::size_t i = g.global_thread(); i < args.count; i += stride) args.out[i] = Prod{}(args.in[i], scalar);
+  }
+};
+
 /// Whether the reduce kernel exists for (op, dt): dt and op inside their enumerations, and the
 /// bitwise ops for integer types only (is_valid_op). Host code.
 constexpr bool reduce_kernel_exists(ReduceOp op, DataType dt) noexcept {
@@ -269,7 +291,7 @@ constexpr bool reduce_kernel_exists(ReduceOp op, DataType dt) noexcept {
 }
 
 /// Calls `f.template operator()<Op, T>()` (a lambda `[&]<class Op, class T>() {...}`) with the
-/// functor and element type of (op, dt), avg mapped to Sum; returns what f returns. Precondition:
+/// functor and element type of (op, dt), avg and premul_sum mapped to Sum; returns what f returns. Precondition:
 /// reduce_kernel_exists(op, dt). The one op-to-functor mapping of the launcher and the emulator.
 template <class F>
 decltype(auto) visit_reduce_kernel(ReduceOp op, DataType dt, F&& f) {
@@ -289,6 +311,7 @@ decltype(auto) visit_reduce_kernel(ReduceOp op, DataType dt, F&& f) {
         return f.template operator()<BitXor, T>();
       case ReduceOp::sum:
       case ReduceOp::avg:
+      case ReduceOp::premul_sum:  // its inputs were scaled first (premul): the steps sum
         break;
     }
     return f.template operator()<Sum, T>();

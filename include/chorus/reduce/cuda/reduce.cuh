@@ -54,6 +54,13 @@ inline cudaError_t reduce_many_async(ReduceOp op, DataType dt, void* out, const 
 inline cudaError_t finalize_avg_async(DataType dt, void* data, std::size_t count, int world_size,
                                       cudaStream_t stream);
 
+/// premul_sum's first step: out[i] = in[i] * scalar for `count` elements of dt (a floating type) in
+/// device memory, on `stream`: the scalar, one element of dt, is read now from host memory, or by
+/// the kernel from device memory where `scalar_on_device`. out may be in. cudaErrorInvalidValue
+/// for another dtype or a null scalar; count 0 launches nothing.
+inline cudaError_t premul_async(DataType dt, void* out, const void* in, std::size_t count, const void* scalar,
+                                bool scalar_on_device, cudaStream_t stream);
+
 /// Loads every reduction kernel above (each op and dtype, reduce, reduce_many and finalize_avg) on
 /// the current device (cudaFuncGetAttributes loads a kernel that lazy loading has not loaded yet),
 /// so that no launch of them waits to load one. Returns the first failure, or cudaSuccess.
@@ -76,6 +83,11 @@ template <class T>
 __global__ void __launch_bounds__(DeviceReduceTuning::kThreadsPerBlock)
     finalize_avg_kernel(DeviceAvgArgs<T> args) {
   FinalizeAvgBody<T>{}(args, GridCoord{blockIdx.x, blockDim.x, gridDim.x, threadIdx.x});
+}
+
+template <class T>
+__global__ void __launch_bounds__(DeviceReduceTuning::kThreadsPerBlock) premul_kernel(DevicePreMulArgs<T> args) {
+  PreMulBody<T>{}(args, GridCoord{blockIdx.x, blockDim.x, gridDim.x, threadIdx.x});
 }
 
 }  // namespace detail
@@ -117,6 +129,20 @@ inline cudaError_t finalize_avg_async(DataType dt, void* data, std::size_t count
   });
 }
 
+inline cudaError_t premul_async(DataType dt, void* out, const void* in, std::size_t count, const void* scalar,
+                                bool scalar_on_device, cudaStream_t stream) {
+  if (!is_valid_op(dt, ReduceOp::premul_sum) || scalar == nullptr) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  return dispatch(dt, [&]<class T>(std::type_identity<T>) -> cudaError_t {
+    DevicePreMulArgs<T> args{static_cast<T*>(out), static_cast<const T*>(in), count, T{}, nullptr};
+    if (scalar_on_device) args.scalar_device = static_cast<const T*>(scalar);
+    else args.scalar = *static_cast<const T*>(scalar);
+    const LaunchShape shape = finalize_avg_launch_shape(count);
+    detail::premul_kernel<T><<<shape.blocks, shape.threads, 0, stream>>>(args);
+    return cudaGetLastError();
+  });
+}
+
 inline cudaError_t load_reduce_kernels() {
   cudaError_t first = cudaSuccess;
   auto note = [&first](cudaError_t e) {
@@ -136,6 +162,7 @@ inline cudaError_t load_reduce_kernels() {
     dispatch(dt, [&]<class T>(std::type_identity<T>) {
       cudaFuncAttributes attr;
       note(cudaFuncGetAttributes(&attr, detail::finalize_avg_kernel<T>));
+      if (is_valid_op(dt, ReduceOp::premul_sum)) note(cudaFuncGetAttributes(&attr, detail::premul_kernel<T>));
     });
   }
   return first;

@@ -20,7 +20,7 @@ namespace detail {
 /// stream operations (they fail inside their stream).
 inline constexpr std::string_view kSimCalls[] = {"alloc_device", "alloc_pinned", "create_stream", "create_event",
                                                  "copy",         "fill",         "reduce",        "reduce_many",
-                                                 "finalize_avg", "wait_flag",     "write_value",   "wait_value",
+                                                 "finalize_avg", "premul",        "wait_flag",     "write_value",   "wait_value",
                                                  "collective"};
 }  // namespace detail
 

@@ -29,6 +29,7 @@ constexpr std::string_view sim_call_name(std::string_view call) noexcept {
   if (call == "reduce") return "reduce_async";
   if (call == "reduce_many") return "reduce_many_async";
   if (call == "finalize_avg") return "finalize_avg_async";
+  if (call == "premul") return "premul_async";
   if (call == "wait_flag" || call == "write_value" || call == "wait_value" || call == "collective") return "cudaLaunchKernel";
   if (call == "alloc_device") return "cudaMalloc";
   if (call == "alloc_pinned") return "cudaHostAlloc";
@@ -49,8 +50,9 @@ CHORUS_DETAIL_SIM_INLINE void SimRuntime::load_on_launch(const Op& op, std::stri
   if (kernels_loaded_) return;
   std::uint32_t key = static_cast<std::uint32_t>(op.kind) << 16;
   const bool per_op = op.kind == OpKind::reduce || op.kind == OpKind::reduce_many || op.kind == OpKind::collective;
-  if (per_op) key |= static_cast<std::uint32_t>(op.op == ReduceOp::avg ? ReduceOp::sum : op.op) << 8;
-  if (per_op || op.kind == OpKind::finalize_avg) key |= static_cast<std::uint32_t>(op.dt);
+  if (per_op)  // avg and premul_sum reduce with the sum kernel
+    key |= static_cast<std::uint32_t>(op.op == ReduceOp::avg || op.op == ReduceOp::premul_sum ? ReduceOp::sum : op.op) << 8;
+  if (per_op || op.kind == OpKind::finalize_avg || op.kind == OpKind::premul) key |= static_cast<std::uint32_t>(op.dt);
   if (loaded_.count(key) != 0) return;
   auto holds = [](const std::shared_ptr<StreamState>& st) { return st->holds > 0; };
   bool held = holds(default_stream_);
@@ -150,6 +152,24 @@ CHORUS_DETAIL_SIM_INLINE void SimRuntime::finalize_avg(DataType dt, void* data, 
   enqueue(s, "finalize_avg", std::move(op));
 }
 
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::premul(DataType dt, void* out, const void* in, std::size_t count, const void* scalar,
+                                               bool scalar_on_device, Stream s) {
+  const std::size_t size = size_of(dt);
+  if (!is_valid_op(dt, ReduceOp::premul_sum) || scalar == nullptr || count > SIZE_MAX / size)
+    throw detail::cuda_error("premul_async", detail::kCudaInvalidValue,
+                             "DataType " + std::to_string(static_cast<int>(dt)) + ", scalar " +
+                                 (scalar == nullptr ? "null" : "given") + ", count " + std::to_string(count));
+  if (count == 0) return;
+  Op op(OpKind::premul);
+  op.dst = out;
+  op.a = in;
+  op.bytes = count;
+  op.dt = dt;
+  if (scalar_on_device) op.b = scalar;  // read when the stream runs it, as the kernel reads it
+  else std::memcpy(&op.word_value, scalar, size);  // read now (host memory)
+  enqueue(s, "premul", std::move(op));
+}
+
 // --- run by the stream's worker ------------------------------------------------------------------
 
 CHORUS_DETAIL_SIM_INLINE void SimRuntime::execute(StreamState& st, Op& op, std::unique_lock<std::mutex>& lk) {
@@ -201,6 +221,7 @@ CHORUS_DETAIL_SIM_INLINE void SimRuntime::execute_memory(StreamState& st, Op& op
     case OpKind::fill: call = "cudaMemsetAsync"; break;
     case OpKind::reduce: call = "reduce_async"; break;
     case OpKind::reduce_many: call = "reduce_many_async"; break;
+    case OpKind::premul: call = "premul_async"; break;
     default: call = "finalize_avg_async"; break;
   }
   if (op.inject != 0) {
@@ -225,6 +246,8 @@ CHORUS_DETAIL_SIM_INLINE void SimRuntime::execute_memory(StreamState& st, Op& op
     why = check_device_range(op.dst, bytes, op.kind == OpKind::finalize_avg ? "data" : "out");
     if (why.empty() && op.kind == OpKind::reduce) why = check_device_range(op.a, bytes, "a");
     if (why.empty() && op.kind == OpKind::reduce) why = check_device_range(op.b, bytes, "b");
+    if (why.empty() && op.kind == OpKind::premul) why = check_device_range(op.a, bytes, "in");
+    if (why.empty() && op.kind == OpKind::premul && op.b != nullptr) why = check_device_range(op.b, size_of(op.dt), "scalar");
     for (int k = 0; why.empty() && op.kind == OpKind::reduce_many && k < op.value; ++k)
       why = check_device_range(op.srcs[static_cast<std::size_t>(k)], bytes, "srcs[" + std::to_string(k) + "]");
   }
@@ -241,6 +264,10 @@ CHORUS_DETAIL_SIM_INLINE void SimRuntime::execute_memory(StreamState& st, Op& op
       case OpKind::reduce: detail::sim_kernels::emulate_reduce(op.op, op.dt, op.dst, op.a, op.b, op.bytes); break;
       case OpKind::reduce_many:
         detail::sim_kernels::emulate_reduce_many(op.op, op.dt, op.dst, op.srcs.data(), op.value, op.bytes);
+        break;
+      case OpKind::premul:
+        detail::sim_kernels::emulate_premul(op.dt, op.dst, op.a, op.bytes, op.b != nullptr ? op.b : &op.word_value,
+                                            op.b != nullptr);
         break;
       default: detail::sim_kernels::emulate_finalize_avg(op.dt, op.dst, op.bytes, op.value); break;
     }
