@@ -388,6 +388,7 @@ void device_group_case(chorus::Communicator<chorus::inproc::Transport>& c, choru
     hbc[i] = me == n - 1 ? chorus::test::pattern<T>(seed + 2, n - 1, i) : chorus::test::pattern<T>(3, me, i);
   }
   for (std::size_t i = 0; i < hrs.size(); ++i) hrs[i] = chorus::test::input<T>(seed + 3, n, me, i, ReduceOp::sum);
+  const std::vector<T> zeros(count);  // lives until the stream has read it (synchronize below)
   auto upload = [&](const std::vector<T>& h) {
     auto* d = static_cast<T*>(rt.alloc_device(h.size() * sizeof(T)));
     rt.copy(d, h.data(), h.size() * sizeof(T), s);
@@ -395,10 +396,10 @@ void device_group_case(chorus::Communicator<chorus::inproc::Transport>& c, choru
   };
   T* a = upload(ha);
   T* in = upload(hin);
-  T* out = upload(std::vector<T>(count));
+  T* out = upload(zeros);
   T* bc = upload(hbc);
   T* rs_in = upload(hrs);
-  T* rs_out = upload(std::vector<T>(count));
+  T* rs_out = upload(zeros);
   rt.synchronize(s);
   std::vector<chorus::Request> on_stream;
   c.group([&] {
