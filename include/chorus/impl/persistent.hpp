@@ -41,6 +41,12 @@ struct PersistentState {
   }
 };
 
+/// Where an operation is not valid(): invalid_argument naming `op`.
+[[noreturn]] inline void persistent_not_valid(const char* op) {
+  throw Error(ErrorCode::invalid_argument, ErrorContext{-1, -1, std::string("persistent ") + op},
+              "this persistent operation is not valid (default-constructed or moved from)");
+}
+
 }  // namespace detail
 
 template <class T>
@@ -76,9 +82,7 @@ Persistent<T> Communicator<T>::persistent(const Call& call) {
 template <class T>
 void Persistent<T>::begin(bool blocking, std::optional<device::Stream> stream) {
   const char* op = blocking ? "run" : "start";
-  if (!p_)
-    throw Error(ErrorCode::invalid_argument, ErrorContext{-1, -1, std::string("persistent ") + op},
-                "this persistent operation is not valid (default-constructed or moved from)");
+  if (!p_) detail::persistent_not_valid(op);
   detail::PersistentState<T>& p = *p_;
   Communicator<T>& comm = p.comm(op);
   if (req_.state() && !req_.state()->done())
@@ -114,25 +118,19 @@ void Persistent<T>::run() {
 
 template <class T>
 void Persistent<T>::wait() {
-  if (!p_)
-    throw Error(ErrorCode::invalid_argument, ErrorContext{-1, -1, "persistent wait"},
-                "this persistent operation is not valid (default-constructed or moved from)");
+  if (!p_) detail::persistent_not_valid("wait");
   req_.wait();
 }
 
 template <class T>
 bool Persistent<T>::test() {
-  if (!p_)
-    throw Error(ErrorCode::invalid_argument, ErrorContext{-1, -1, "persistent test"},
-                "this persistent operation is not valid (default-constructed or moved from)");
+  if (!p_) detail::persistent_not_valid("test");
   return req_.test();
 }
 
 template <class T>
 const Call& Persistent<T>::call() const {
-  if (!p_)
-    throw Error(ErrorCode::invalid_argument, ErrorContext{-1, -1, "persistent call"},
-                "this persistent operation is not valid (default-constructed or moved from)");
+  if (!p_) detail::persistent_not_valid("call");
   return p_->call;
 }
 
