@@ -90,6 +90,16 @@ def run(tmp_path, world, target, *args, backend="chorus", timeout=240, pg_timeou
     return results
 
 
+def shared(group, *values, id=None):
+    """pytest.param(*values) for a test of a run_once group: the tests marked with one group go to
+    one pytest-xdist worker under --dist loadgroup (scripts/run-tests), which runs the group of
+    processes once. Each worker has its own cache, so a group whose tests two workers shared ran
+    twice (the 4-rank op checks: about 32 s each time)."""
+    import pytest
+
+    return pytest.param(*values, marks=pytest.mark.xdist_group(group), id=id)
+
+
 def run_once(cache, key, tmp_path_factory, world, target, *args, **kwargs):
     """run() once per key for a module whose tests share one group of processes: the first test
     that asks runs it, the others get its results, or its failure again. `cache` is the module's

@@ -127,6 +127,12 @@ def results(world, hook, tmp_path_factory):
                             tuple(h for h in HOOKS if h != "powerSGD"))
 
 
+def _group(world, hook):
+    """The run_once key of results() as an xdist group."""
+    return "hooks-%d%s" % (world, "-powerSGD" if hook == "powerSGD" else "")
+
+
+@pytest.mark.xdist_group(_group(2, "allreduce"))
 def test_bf16_hook_refused_by_name(tmp_path_factory):
     """torch 1.13 without CUDA refuses bf16_compress_hook by name for every backend; chorus gets
     the same answer as gloo (test_hook_matches_gloo runs the hook's body through bf16_hook)."""
@@ -139,8 +145,8 @@ def test_bf16_hook_refused_by_name(tmp_path_factory):
             assert out["chorus"] == out["gloo"], out
 
 
-@pytest.mark.parametrize("hook", HOOKS)
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world,hook", [harness.shared(_group(w, h), w, h, id="%d-%s" % (w, h))
+                                        for w in [2, 3] for h in HOOKS])
 def test_hook_matches_gloo(world, hook, tmp_path_factory):
     res = results(world, hook, tmp_path_factory)
     bound = 0.0 if world == 2 else MAX_DIFF_3[hook]

@@ -24,6 +24,6 @@ _runs = {}
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", [harness.shared("objects-%d" % w, w) for w in WORLDS])
 def test_category(world, category, tmp_path_factory):
     harness.check_category(harness.run_once(_runs, world, tmp_path_factory, world, "object_checks:run_all"), category)

@@ -22,7 +22,7 @@ _runs = {}
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", [harness.shared("ops-%d" % w, w) for w in WORLDS])
 def test_category(world, category, tmp_path_factory):
     res = harness.run_once(_runs, world, tmp_path_factory, world, "op_checks:run_all")
     harness.check_category(res, category)
