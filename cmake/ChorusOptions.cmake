@@ -70,13 +70,22 @@ macro(chorus_enable_cuda_language)
   endif()
 endmacro()
 
+# CHORUS_CUDA_CHECK_ONLY: chorus's own CUDA sources compile their device code without nvcc's device
+# optimiser (-Xcicc -O0): the front end, every template instantiation and nvcc's warnings as
+# before, valid PTX, in a quarter of the CPU time (cmake/instances/cuda_runtime_instance.cu, PTX for
+# compute_80: 14 CPU-s against 61). For a build whose CUDA objects no GPU runs: CI's release stage
+# (scripts/run-tests) sets it; a GPU bundle of its own tree (scripts/gpu-bundle) and users never do.
+option(CHORUS_CUDA_CHECK_ONLY "Compile chorus's own device code unoptimised (a compile check; no GPU runs it)" OFF)
+
 # chorus_cuda_warnings(<target>): nvcc's warnings for the CUDA sources of one of chorus's own
 # targets: the host compiler's -Wall -Wextra, and with CHORUS_WERROR every warning of nvcc
-# (-Werror all-warnings) and of the host compiler (-Xcompiler=-Werror) an error.
+# (-Werror all-warnings) and of the host compiler (-Xcompiler=-Werror) an error. With
+# CHORUS_CUDA_CHECK_ONLY, the device code unoptimised (above).
 function(chorus_cuda_warnings target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>:-Xcompiler=-Wall,-Wextra>
-    $<$<AND:$<BOOL:${CHORUS_WERROR}>,$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>>:-Werror=all-warnings -Xcompiler=-Werror>)
+    $<$<AND:$<BOOL:${CHORUS_WERROR}>,$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>>:-Werror=all-warnings -Xcompiler=-Werror>
+    $<$<AND:$<BOOL:${CHORUS_CUDA_CHECK_ONLY}>,$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>>:SHELL:-Xcicc -O0>)
 endfunction()
 
 # chorus_cuda_runtime_instance(): defines (once) chorus_cuda_runtime_instance, the static library
