@@ -121,14 +121,15 @@ def results(world, hook, tmp_path_factory):
     """One group of processes per world size for the hooks but PowerSGD, one for PowerSGD (the
     group's timeout 10 s; the guard stops a deadlocked rank after 10 s)."""
     if hook == "powerSGD":
-        return harness.run_once(_runs, (world, hook), tmp_path_factory, world, "test_hooks:hooks_vs_gloo",
+        return harness.run_once(_runs, _group(world, hook), tmp_path_factory, world, "test_hooks:hooks_vs_gloo",
                                 ("powerSGD",), 10, timeout=60, pg_timeout=10)
-    return harness.run_once(_runs, world, tmp_path_factory, world, "test_hooks:hooks_vs_gloo",
+    return harness.run_once(_runs, _group(world, hook), tmp_path_factory, world, "test_hooks:hooks_vs_gloo",
                             tuple(h for h in HOOKS if h != "powerSGD"))
 
 
 def _group(world, hook):
-    """The run_once key of results() as an xdist group."""
+    """Which group of processes results() runs a hook in: its run_once key, and its tests' xdist
+    group (harness.shared)."""
     return "hooks-%d%s" % (world, "-powerSGD" if hook == "powerSGD" else "")
 
 
