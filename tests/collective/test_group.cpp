@@ -410,24 +410,18 @@ void device_group_case(chorus::Communicator<chorus::inproc::Transport>& c, choru
   });
   for (chorus::Request& r : on_stream) r.wait();
   rt.synchronize(s);
-  auto read = [&](const T* d) {
-    std::vector<T> h(count);
-    rt.copy(h.data(), d, count * sizeof(T), s);
-    rt.synchronize(s);
-    return h;
-  };
   const std::string at = " " + std::string(chorus::to_string(dt)) + " count " + std::to_string(count) + " in a group (world " +
                          std::to_string(n) + ", device)";
   std::vector<T> want(count);
   for (std::size_t i = 0; i < count; ++i) want[i] = chorus::test::expected_all_reduce<T>(seed, n, i, ReduceOp::sum);
-  same(read(a), want, "all_reduce sum on a stream" + at, me);
+  same(chorus::test::read_device(rt, a, count, s), want, "all_reduce sum on a stream" + at, me);
   for (std::size_t i = 0; i < count; ++i) want[i] = chorus::test::expected_all_reduce<T>(seed + 1, n, i, ReduceOp::max);
-  same(read(out), want, "all_reduce max, blocking" + at, me);
+  same(chorus::test::read_device(rt, out, count, s), want, "all_reduce max, blocking" + at, me);
   for (std::size_t i = 0; i < count; ++i) want[i] = chorus::test::pattern<T>(seed + 2, n - 1, i);
-  same(read(bc), want, "broadcast on a stream" + at, me);
+  same(chorus::test::read_device(rt, bc, count, s), want, "broadcast on a stream" + at, me);
   for (std::size_t i = 0; i < count; ++i)
     want[i] = chorus::test::expected_all_reduce<T>(seed + 3, n, static_cast<std::size_t>(me) * count + i, ReduceOp::sum);
-  same(read(rs_out), want, "reduce_scatter on a stream" + at, me);
+  same(chorus::test::read_device(rt, rs_out, count, s), want, "reduce_scatter on a stream" + at, me);
   // Ranks as threads share the device: freeing waits for all of it, so no rank frees while a
   // peer's call may still run, and none starts its next call while one frees.
   c.barrier();

@@ -238,12 +238,6 @@ void device_case(chorus::Communicator<chorus::inproc::Transport>& c, chorus::dev
   auto on_stream = c.persistent({chorus::CallKind::all_reduce, a, a, count, dt, ReduceOp::sum});
   auto blocking = c.persistent({chorus::CallKind::all_reduce, in, out, count, dt, ReduceOp::max});
   auto bcast = c.persistent({chorus::CallKind::broadcast, bc, bc, count, dt, ReduceOp::sum, n - 1});
-  auto read = [&](const T* d) {
-    std::vector<T> h(count);
-    rt.copy(h.data(), d, bytes, s);
-    rt.synchronize(s);
-    return h;
-  };
   for (int r = 0; r < 2; ++r) {
     const std::uint64_t seed = count * 100 + static_cast<std::uint64_t>(dt) * 10 + static_cast<std::uint64_t>(r);
     std::vector<T> ha(count), hin(count), hbc(count);
@@ -266,11 +260,12 @@ void device_case(chorus::Communicator<chorus::inproc::Transport>& c, chorus::dev
                               std::to_string(n) + ", device, start " + std::to_string(r) + ")";
     std::vector<T> want(count);
     for (std::size_t i = 0; i < count; ++i) want[i] = chorus::test::expected_all_reduce<T>(seed, n, i, ReduceOp::sum);
-    same(read(a), want, "persistent all_reduce sum on a stream" + where, me);
+    same(chorus::test::read_device(rt, a, count, s), want, "persistent all_reduce sum on a stream" + where,
+         me);
     for (std::size_t i = 0; i < count; ++i) want[i] = chorus::test::expected_all_reduce<T>(seed + 1, n, i, ReduceOp::max);
-    same(read(out), want, "persistent all_reduce max, run()" + where, me);
+    same(chorus::test::read_device(rt, out, count, s), want, "persistent all_reduce max, run()" + where, me);
     for (std::size_t i = 0; i < count; ++i) want[i] = chorus::test::pattern<T>(seed + 2, n - 1, i);
-    same(read(bc), want, "persistent broadcast on a stream" + where, me);
+    same(chorus::test::read_device(rt, bc, count, s), want, "persistent broadcast on a stream" + where, me);
   }
   // Ranks as threads share the device: freeing waits for all of it, so no rank frees while a
   // peer's call may still run, and none starts its next call while one frees.

@@ -253,20 +253,16 @@ void device_case(chorus::Communicator<chorus::inproc::Transport>& c, chorus::dev
   r2.wait();
   c.start({CallKind::all_reduce, b, b, count, dt, ReduceOp::premul_sum, -1, &s}, chorus::CallMode::blocking);  // default stream
   rt.synchronize(st);
-  auto read = [&](const T* d) {
-    std::vector<T> got(count);
-    rt.copy(got.data(), d, bytes, st);
-    rt.synchronize(st);
-    return got;
-  };
   const std::string at = " " + std::string(chorus::to_string(dt)) + " count " + std::to_string(count) + " (world " +
                          std::to_string(n) + ", device)";
   std::vector<T> want(count);
   for (std::size_t i = 0; i < count; ++i) want[i] = scaled_sum<T>(seed, n, i, s);
-  same(read(a), want, "premul_sum all_reduce on a stream, scalar in host memory" + at, me);
-  same(read(b), want, "premul_sum all_reduce blocking" + at, me);
+  same(chorus::test::read_device(rt, a, count, st), want,
+       "premul_sum all_reduce on a stream, scalar in host memory" + at, me);
+  same(chorus::test::read_device(rt, b, count, st), want, "premul_sum all_reduce blocking" + at, me);
   for (std::size_t i = 0; i < count; ++i) want[i] = scaled_sum<T>(seed, n, i, s_dev_value);
-  same(read(out), want, "premul_sum all_reduce on a stream, scalar in device memory" + at, me);
+  same(chorus::test::read_device(rt, out, count, st), want,
+       "premul_sum all_reduce on a stream, scalar in device memory" + at, me);
   c.barrier();  // ranks as threads share the device: no rank frees while a peer's call may run
   for (T* d : {a, b, out, s_dev}) rt.free_device(d);
   c.barrier();

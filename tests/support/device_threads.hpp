@@ -10,7 +10,9 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstddef>
 #include <utility>
+#include <vector>
 
 #include "chorus/communicator.hpp"
 #include "chorus/testing/sim_runtime.hpp"
@@ -39,6 +41,16 @@ void run_device_threads(int max_world, const Fn& fn, std::chrono::milliseconds t
         },
         t);
   }
+}
+
+/// The `count` elements at device address `d`, read back once stream `s` has run its work.
+template <class T>
+std::vector<T> read_device(chorus::device::Runtime& rt, const T* d, std::size_t count,
+                           chorus::device::Stream s) {
+  std::vector<T> h(count);
+  rt.copy(h.data(), d, count * sizeof(T), s);
+  rt.synchronize(s);
+  return h;
 }
 
 }  // namespace chorus::test
