@@ -208,7 +208,7 @@ void group_case(Comm& c, int round) {
 
 template <class Comm>
 void every_case(Comm& c) {
-  for (DataType dt : chorus::test::matrix_dtypes())  // six of the ten under ASan, four under TSan
+  for (DataType dt : chorus::test::matrix_dtypes())  // six of the twelve under ASan, four under TSan
     chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
       for (int round = 0; round < 2; ++round) group_case<T>(c, round);
     });
@@ -431,7 +431,7 @@ void device_group_case(chorus::Communicator<chorus::inproc::Transport>& c, choru
 
 TEST_CASE("group: simulated-device buffers, on a stream and blocking, every dtype: ranks as threads on one device, worlds 1 to 5") {
   chorus::test::run_device_threads(5, [](auto& c, chorus::device::SimRuntime& rt, chorus::device::Stream s) {
-    for (DataType dt : chorus::test::matrix_dtypes())  // six of the ten under ASan, four under TSan
+    for (DataType dt : chorus::test::matrix_dtypes())  // six of the twelve under ASan, four under TSan
       chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
         for (std::size_t count : {std::size_t(1), std::size_t(13), std::size_t(1031)}) device_group_case<T>(c, rt, s, count);
       });

@@ -54,7 +54,7 @@ const std::vector<Layout> kLayouts = {
 
 constexpr std::size_t kCounts[] = {0, 1, 7, 1021, 65537};
 
-/// Under a sanitizer the largest count runs for four of the ten dtypes (support/sanitized.hpp).
+/// Under a sanitizer the largest count runs for four of the twelve dtypes (support/sanitized.hpp).
 template <class T>
 bool runs_count(std::size_t count) {
   return count < kCounts[std::size(kCounts) - 1] || chorus::test::largest_counts_for(chorus::data_type_of<T>);
@@ -171,7 +171,7 @@ TEST_CASE("hierarchical collectives on several host layouts, every dtype and op,
           expect(small.algorithm == Algorithm::hierarchical && small.latency, "4 bytes: the latency form");
           expect(large.algorithm == Algorithm::hierarchical && !large.latency, "256 KiB: the bandwidth form");
           const std::string tag = std::string(l.name) + " rank " + std::to_string(rank);
-          for (DataType dt : chorus::test::matrix_dtypes())  // six of the ten under ASan, four under TSan
+          for (DataType dt : chorus::test::matrix_dtypes())  // six of the twelve under ASan, four under TSan
             chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
               reductions<T>(comm, rank, n, tag);
               movements<T>(comm, rank, n, tag);

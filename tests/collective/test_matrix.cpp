@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The collective matrix over inproc (ranks as threads): every collective x algorithm (all_reduce:
 // ring, tree, recursive_doubling; broadcast: binomial, chain; reduce: binomial, ring; and the
-// model's choice for each) x the ten element types x every op that
+// model's choice for each) x the twelve element types x every op that
 // applies x world sizes {1, 2, 3, 4, 5, 8} x counts {0, 1, 2, 3, 7, 13, 1000} (and 1<<16 for six
 // (dtype, op) pairs, (1<<20)+17 for float32 sum and int8 max; the data-movement collectives
 // use the dtypes),
@@ -294,7 +294,7 @@ void run_all_reduce(int world, const char* algorithm) {
         chorus::test::expect_eq(small.rank(), rank, "rank");
         chorus::test::expect_eq(small.size(), world, "size");
         for (std::size_t count : kSmallCounts)
-          for (DataType dt : chorus::test::matrix_dtypes())  // six of the ten under ASan, four under TSan
+          for (DataType dt : chorus::test::matrix_dtypes())  // six of the twelve under ASan, four under TSan
             chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
               for (ReduceOp op : chorus::kAllReduceOps)
                 for (int variant = 0; variant < 4; ++variant) {
@@ -558,7 +558,7 @@ void run_matrix(int world, const char* algorithm, Small&& small_case, Large&& la
         Comm small = Comm::create(small_o);
         Comm large = Comm::create(large_o);
         for (std::size_t count : kSmallCounts)
-          for (DataType dt : chorus::test::matrix_dtypes())  // six of the ten under ASan, four under TSan
+          for (DataType dt : chorus::test::matrix_dtypes())  // six of the twelve under ASan, four under TSan
             chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) { small_case(small, x, count, T{}); });
         for_each_large([&](std::size_t count, ReduceOp op, auto t) { large_case(large, x, count, op, t); });
       },

@@ -124,7 +124,7 @@ void every_dtype_and_op(int world) {
         AutoComm automatic = AutoComm::create(o);
         const std::string where = "(one_shot, world " + std::to_string(world) + ")";
         std::uint64_t call = 0;
-        for (DataType dt : chorus::test::matrix_dtypes())  // six of the ten under ASan, four under TSan
+        for (DataType dt : chorus::test::matrix_dtypes())  // six of the twelve under ASan, four under TSan
           chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
             const std::size_t largest = kMailbox / sizeof(T);
             for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{7},

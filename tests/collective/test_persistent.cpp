@@ -194,7 +194,7 @@ void persistent_case(Comm& c, int salt) {
 
 template <class Comm>
 void every_case(Comm& c) {
-  for (DataType dt : chorus::test::matrix_dtypes())  // six of the ten under ASan, four under TSan
+  for (DataType dt : chorus::test::matrix_dtypes())  // six of the twelve under ASan, four under TSan
     chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) { persistent_case<T>(c, static_cast<int>(dt)); });
   c.barrier();
 }

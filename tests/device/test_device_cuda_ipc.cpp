@@ -101,7 +101,7 @@ void all_reduce_forced(int world, const std::string& algo) {
         comm.set_device_runtime(&rt);
         const Stream s = rt.create_stream();
         chorus::test::device_matrix::Runner<IpcComm> run{comm, rt, s, "(cuda_ipc, " + algo + ")", 0, &host};
-        for (DataType dt : chorus::test::matrix_dtypes())  // six of the ten under ASan, four under TSan
+        for (DataType dt : chorus::test::matrix_dtypes())  // six of the twelve under ASan, four under TSan
           for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1031}, std::size_t{5003}})
             for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::band,
                                 ReduceOp::bor, ReduceOp::bxor})

@@ -2,7 +2,7 @@
 // The device data path in real processes, over shm and tcp, on the simulated CUDA runtime
 // (testing/sim_runtime.hpp): "device" buffers from its arena, the calls on a stream, staging
 // through pinned memory in slices, reductions through the kernel bodies under the grid emulator.
-// The matrix (support/device_matrix.hpp): worlds 1-4 x {shm, tcp} x every collective x the ten
+// The matrix (support/device_matrix.hpp): worlds 1-4 x {shm, tcp} x every collective x the twelve
 // dtypes x every op that applies x odd counts, each result equal to the host path's bit for bit.
 #include <doctest/doctest.h>
 

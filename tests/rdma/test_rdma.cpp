@@ -2,7 +2,7 @@
 // The rdma transport (transport/rdma) over the in-repo fake provider (testing/fake_verbs.hpp),
 // ranks as real processes sharing one fake fabric: every protocol (eager inline and from a slot,
 // rts/cts with RDMA writes in chunks, credits), the size checks, the choice of transport=auto, and
-// the collective matrix (support/device_matrix.hpp: every collective x the ten dtypes x every op
+// the collective matrix (support/device_matrix.hpp: every collective x the twelve dtypes x every op
 // that applies x odd counts, worlds 1-4, host and simulated-device buffers), every result checked
 // bit for bit against the reference and the host path.
 #include <doctest/doctest.h>

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 /// The device-buffer collective matrix, shared by the simulated-runtime tests (tests/device) and the
-/// GPU suite (tests/cuda): every collective x the ten dtypes (six under ASan, four under TSan: sanitized.hpp) x every op that applies x counts
-/// {0, 1, 13, 1000} and one large count, roots other than 0, in place and out of place. Every call
-/// runs twice on the same communicator with the same inputs: on host buffers (the host path) and
-/// on device buffers on a stream; the device result must equal the host result bit for bit, and
-/// the host result the reference: support/fill.hpp's for all_reduce and reduce_scatter (whose
-/// inputs make every reduction order give the same bits), the other ranks' inputs for the
+/// GPU suite (tests/cuda): every collective x the twelve dtypes (six under ASan, four under TSan:
+/// sanitized.hpp) x every op that applies x counts {0, 1, 13, 1000} and one large count, roots other than 0,
+/// in place and out of place. Every call runs twice on the same communicator with the same inputs: on host
+/// buffers (the host path) and on device buffers on a stream; the device result must equal the host result
+/// bit for bit, and the host result the reference: support/fill.hpp's for all_reduce and reduce_scatter
+/// (whose inputs make every reduction order give the same bits), the other ranks' inputs for the
 /// data-movement collectives.
 
 #include <chrono>
@@ -255,7 +255,8 @@ void run_all(Comm& comm, chorus::device::Runtime& rt, const std::string& where, 
   const int root = world - 1;
   const std::size_t large = chorus::test::kSanitized ? 4099 : 40009;
   for (DataType dt : chorus::kAllDataTypes) {
-    if (!chorus::test::runs_dtype(dt)) continue;  // six of the ten under ASan, four under TSan (sanitized.hpp)
+    if (!chorus::test::runs_dtype(dt))
+      continue;  // six of the twelve under ASan, four under TSan (sanitized.hpp)
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{1000}, large}) {
       if (count == large && dt != DataType::float32 && dt != DataType::bfloat16 && dt != DataType::int64) continue;
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::band,

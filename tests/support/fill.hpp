@@ -88,15 +88,20 @@ constexpr std::uint64_t seed_of(I... parts) noexcept {
 // Element traits
 
 template <class T>
+inline constexpr bool kIsFloat8 = std::is_same_v<T, float8_e4m3> || std::is_same_v<T, float8_e5m2>;
+
+template <class T>
 inline constexpr bool kIsFloat = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16> ||
-                                 std::is_same_v<T, float> || std::is_same_v<T, double>;
+                                 std::is_same_v<T, float> || std::is_same_v<T, double> || kIsFloat8<T>;
 
 /// Significand bits (with the implicit one) of a floating-point element type.
 template <class T>
-inline constexpr int kSignificandBits = std::is_same_v<T, float16>    ? 11
-                                        : std::is_same_v<T, bfloat16> ? 8
-                                        : std::is_same_v<T, float>    ? 24
-                                                                      : 53;
+inline constexpr int kSignificandBits = std::is_same_v<T, float16>       ? 11
+                                        : std::is_same_v<T, bfloat16>    ? 8
+                                        : std::is_same_v<T, float>       ? 24
+                                        : std::is_same_v<T, float8_e4m3> ? 4
+                                        : std::is_same_v<T, float8_e5m2> ? 3
+                                                                         : 53;
 
 /// The element's encoding, zero-extended.
 template <Element T>
@@ -127,7 +132,7 @@ constexpr T from_bits(std::uint64_t b) noexcept {
 /// Exact widening of a float element.
 template <class T>
 constexpr double to_double(T v) noexcept {
-  if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>)
+  if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16> || kIsFloat8<T>)
     return static_cast<double>(static_cast<float>(v));
   else
     return static_cast<double>(v);
@@ -141,7 +146,7 @@ constexpr T from_double(double d) noexcept {
   else if constexpr (std::is_same_v<T, float>)
     return static_cast<float>(d);
   else
-    return T(d);  // float16 / bfloat16: one rounding (round-to-odd via float, then nearest even)
+    return T(d);  // float16, bfloat16, fp8: one rounding (round-to-odd via float, then nearest even)
 }
 
 /// 2^e as a double (|e| < 1000), exactly, without libm.
@@ -187,6 +192,10 @@ constexpr bool is_nan_bits(std::uint64_t b) noexcept {
     return (b & 0x7c00u) == 0x7c00u && (b & 0x03ffu) != 0;
   else if constexpr (std::is_same_v<T, bfloat16>)
     return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0;
+  else if constexpr (std::is_same_v<T, float8_e4m3>)
+    return (b & 0x7fu) == 0x7fu;  // one NaN per sign
+  else if constexpr (std::is_same_v<T, float8_e5m2>)
+    return (b & 0x7cu) == 0x7cu && (b & 0x03u) != 0;
   else if constexpr (std::is_same_v<T, float>)
     return (b & 0x7f800000u) == 0x7f800000u && (b & 0x007fffffu) != 0;
   else
@@ -200,15 +209,24 @@ constexpr T quiet_nan(std::uint64_t h) noexcept {
     return from_bits<T>((h & 0x81ffu) | 0x7e00u);
   else if constexpr (std::is_same_v<T, bfloat16>)
     return from_bits<T>((h & 0x803fu) | 0x7fc0u);
+  else if constexpr (std::is_same_v<T, float8_e4m3>)
+    return from_bits<T>((h & 0x80u) | 0x7fu);
+  else if constexpr (std::is_same_v<T, float8_e5m2>)
+    return from_bits<T>((h & 0x81u) | 0x7eu);
   else if constexpr (std::is_same_v<T, float>)
     return from_bits<T>((h & 0x803fffffu) | 0x7fc00000u);
   else
     return from_bits<T>((h & 0x8007ffffffffffffull) | 0x7ff8000000000000ull);
 }
 
+/// Infinity; for float8_e4m3, which has none, its largest finite magnitude (448).
 template <class T>
 constexpr T infinity(bool negative) noexcept {
-  if constexpr (std::is_same_v<T, float16>)
+  if constexpr (std::is_same_v<T, float8_e4m3>)
+    return from_bits<T>(negative ? 0xfeu : 0x7eu);
+  else if constexpr (std::is_same_v<T, float8_e5m2>)
+    return from_bits<T>(negative ? 0xfcu : 0x7cu);
+  else if constexpr (std::is_same_v<T, float16>)
     return from_bits<T>(negative ? 0xfc00u : 0x7c00u);
   else if constexpr (std::is_same_v<T, bfloat16>)
     return from_bits<T>(negative ? 0xff80u : 0x7f80u);
@@ -225,6 +243,10 @@ constexpr T canonical_nan() noexcept {
     return from_bits<T>(0x7e00u);
   else if constexpr (std::is_same_v<T, bfloat16>)
     return from_bits<T>(0x7fc0u);
+  else if constexpr (std::is_same_v<T, float8_e4m3>)
+    return from_bits<T>(0x7fu);
+  else if constexpr (std::is_same_v<T, float8_e5m2>)
+    return from_bits<T>(0x7eu);
   else if constexpr (std::is_same_v<T, float>)
     return from_bits<T>(0x7fc00000u);
   else
@@ -237,7 +259,8 @@ constexpr T random_non_nan(std::uint64_t h) noexcept {
   std::uint64_t b = h;
   if (is_nan_bits<T>(b & ((sizeof(T) == 8) ? ~0ull : ((1ull << (8 * sizeof(T))) - 1)))) {
     // Clear the top exponent bit: a finite value of the same sign.
-    constexpr std::uint64_t top_exp = std::is_same_v<T, float16>    ? 0x4000u
+    constexpr std::uint64_t top_exp = kIsFloat8<T>                  ? 0x40u
+                                      : std::is_same_v<T, float16>  ? 0x4000u
                                       : std::is_same_v<T, bfloat16> ? 0x4000u
                                       : std::is_same_v<T, float>    ? 0x40000000u
                                                                     : 0x4000000000000000ull;
@@ -249,7 +272,7 @@ constexpr T random_non_nan(std::uint64_t h) noexcept {
 /// Exponent range for sum/avg inputs: 2^e keeps every partial sum and avg normal and finite.
 template <class T>
 constexpr int sum_exponent_span() noexcept {
-  return std::is_same_v<T, float16> ? 3 : 24;
+  return (std::is_same_v<T, float16> || kIsFloat8<T>) ? 3 : 24;
 }
 
 /// Largest |m| for sum/avg inputs in a world of `world` ranks: world * m stays below 2^p.
@@ -331,7 +354,9 @@ constexpr T input_from(std::uint64_t h, std::uint64_t hi, int world, int rank, s
       }
       case ReduceOp::prod: {
         if (((h >> 12) & 63u) == 0) return from_double<T>((h & 1u) ? -0.0 : 0.0);
-        const int k = (world <= 12) ? static_cast<int>((h >> 1) % 3) - 1 : 0;
+        // |product| <= 3 * 2^world: within float8_e4m3's 448 up to 7 ranks, the others' up to 12.
+        const int k =
+            (world <= (std::is_same_v<T, float8_e4m3> ? 7 : 12)) ? static_cast<int>((h >> 1) % 3) - 1 : 0;
         double v = pow2(k) * ((h & 1u) ? -1.0 : 1.0);
         if (static_cast<std::size_t>(rank) == index % static_cast<std::size_t>(world)) v *= 3.0;
         return from_double<T>(v);

@@ -4,11 +4,12 @@
 /// Tests shrink their data volume there (sizes, counts, repetitions), never their code paths: the
 /// release build runs the full volume. The dtype matrices (the collective and device matrices, the
 /// grid emulator's kernel bodies, the hierarchical and one_shot cases) run every dtype in the
-/// release build, six of the ten under ASan and four under TSan (runs_dtype). The six hold every
+/// release build, six of the twelve under ASan and four under TSan (runs_dtype). The six hold every
 /// element size (1, 2, 4 and 8 bytes), both 16-bit floats (their conversions differ), a 32-bit
-/// float and integer, and the signed integers whose arithmetic UBSan checks (int32, int64); the four
-/// dropped (int8, uint32, uint64, float64) take the code paths of a kept dtype of their width,
-/// which the release build runs for all ten.
+/// float and integer, and the signed integers whose arithmetic UBSan checks (int32, int64); the six
+/// dropped (int8, uint32, uint64, float64, float8_e4m3, float8_e5m2) take the code paths of a kept
+/// dtype of their width (the fp8 conversions and reductions are the unit tests' fp8 cases, which
+/// every build runs), and the release build runs all twelve.
 
 #include <vector>
 

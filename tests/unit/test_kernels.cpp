@@ -182,7 +182,8 @@ TEST_CASE("grid emulator: reduce kernel body equals the host reduce, bit for bit
   int cases = 0;
   int failures = 0;
   for (DataType dt : chorus::kAllDataTypes) {
-    if (!chorus::test::runs_dtype(dt)) continue;  // six of the ten under ASan, four under TSan (sanitized.hpp)
+    if (!chorus::test::runs_dtype(dt))
+      continue;  // six of the twelve under ASan, four under TSan (sanitized.hpp)
     for (ReduceOp op : kOps) {
       if (!chorus::is_valid_op(dt, op)) continue;
       for (std::size_t count : kCounts) {
@@ -333,7 +334,8 @@ TEST_CASE("grid emulator: reduce_many kernel body equals the chained pairwise re
   int cases = 0;
   int failures = 0;
   for (DataType dt : chorus::kAllDataTypes) {
-    if (!chorus::test::runs_dtype(dt)) continue;  // six of the ten under ASan, four under TSan (sanitized.hpp)
+    if (!chorus::test::runs_dtype(dt))
+      continue;  // six of the twelve under ASan, four under TSan (sanitized.hpp)
     for (ReduceOp op : kOps) {
       if (!chorus::is_valid_op(dt, op)) continue;
       for (int n = 2; n <= chorus::kMaxReduceInputs; ++n) {

@@ -716,7 +716,8 @@ TEST_CASE("bitwise ops on every integer type; floating-point types are invalid_a
   static_assert(chorus::BitAnd{}(std::uint8_t{0xf0}, std::uint8_t{0x3c}) == 0x30);
   static_assert(chorus::BitOr{}(std::int32_t{-8}, std::int32_t{3}) == -5);
   static_assert(chorus::BitXor{}(std::int64_t{-1}, std::int64_t{5}) == -6);
-  for (DataType dt : {DataType::float16, DataType::bfloat16, DataType::float32, DataType::float64}) {
+  for (DataType dt : {DataType::float16, DataType::bfloat16, DataType::float32, DataType::float64,
+                      DataType::float8_e4m3, DataType::float8_e5m2}) {
     for (ReduceOp op : chorus::kBitwiseReduceOps) {
       CAPTURE(chorus::to_string(dt));
       CAPTURE(chorus::to_string(op));

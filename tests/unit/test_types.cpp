@@ -567,9 +567,9 @@ static_assert([]<std::size_t... I>(std::index_sequence<I...>) {
 static_assert(chorus::parse_data_type("half") == DataType::float16);
 
 TEST_CASE("DataType: names, parsing, sizes and dispatch") {
-  const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
-                         "float16", "bfloat16", "float32", "float64"};
-  REQUIRE(chorus::kAllDataTypes.size() == 10);
+  const char* names[] = {"int8",    "uint8",    "int32",   "uint32",  "int64",       "uint64",
+                         "float16", "bfloat16", "float32", "float64", "float8_e4m3", "float8_e5m2"};
+  REQUIRE(chorus::kAllDataTypes.size() == 12);
   for (std::size_t i = 0; i < chorus::kAllDataTypes.size(); ++i) {
     const DataType t = chorus::kAllDataTypes[i];
     CAPTURE(names[i]);
@@ -624,8 +624,10 @@ TEST_CASE("ReduceOp: bitwise ops, their names and the types they apply to") {
     for (DataType dt : chorus::kAllDataTypes) {
       CAPTURE(chorus::to_string(dt));
       const bool integer = dt != DataType::float16 && dt != DataType::bfloat16 && dt != DataType::float32 &&
-                           dt != DataType::float64;
+                           dt != DataType::float64 && dt != DataType::float8_e4m3 &&
+                           dt != DataType::float8_e5m2;
       CHECK(chorus::is_valid_op(dt, op) == integer);
+      CHECK(chorus::is_floating(dt) == !integer);
     }
   }
   for (ReduceOp op : chorus::kAllReduceOps) {

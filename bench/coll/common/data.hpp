@@ -6,10 +6,12 @@
 /// that the result is exact in every order of evaluation and so the same for every algorithm:
 ///   sum, avg, min, max   integers in [-k, k] ([0, k] for unsigned types), k = min(64, L / n) with
 ///                        L the largest integer below which the type counts exactly (float16 2048,
-///                        bfloat16 256, float 2^24, double 2^53): every partial sum of n of them
+///                        bfloat16 256, float 2^24, double 2^53, float8_e4m3 16, float8_e5m2 8):
+///                        every partial sum of n of them
 ///                        is exact. Integer types wrap modulo 2^bits, which is exact anyway.
 ///   prod                 +-1, and +-2 one time in eight (unsigned: 1 or 2): every partial
-///                        product is a power of two (or overflows to infinity in every order).
+///                        product is a power of two (or overflows to infinity in every order;
+///                        float8_e4m3 saturates at 448 instead, and stays there, in every order).
 /// The reference is computed here, not with chorus's functors: integers in uint64 (wrapping
 /// like the library), floats in double (exact by construction); avg is the truncating division of
 /// the wrapped sum for integers and the correctly rounded sum / n for floats (a double division,
@@ -41,7 +43,8 @@ inline std::uint64_t hash(std::uint64_t seed, int rank, std::size_t index) {
 }
 
 template <class T>
-inline constexpr bool kNarrow = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+inline constexpr bool kNarrow = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16> ||
+                                std::is_same_v<T, float8_e4m3> || std::is_same_v<T, float8_e5m2>;
 
 template <class T>
 double to_double(T v) {
@@ -86,6 +89,10 @@ struct Inputs {
     else if constexpr (std::is_same_v<T, bfloat16>) limit = 256;
     else if constexpr (std::is_same_v<T, float>) limit = 16777216.0;
     else if constexpr (std::is_same_v<T, double>) limit = 9007199254740992.0;
+    else if constexpr (std::is_same_v<T, float8_e4m3>)
+      limit = 16;
+    else if constexpr (std::is_same_v<T, float8_e5m2>)
+      limit = 8;
     else return 64;  // integers wrap: exact whatever the range
     return static_cast<std::int64_t>(std::clamp(limit / n, 1.0, 64.0));
   }

@@ -63,15 +63,19 @@ constexpr std::string_view nccl_name(DataType t) noexcept {
     case DataType::float16: return "half";
     case DataType::float32: return "float";
     case DataType::float64: return "double";
+    case DataType::float8_e4m3:
+      return "f8e4m3";
+    case DataType::float8_e5m2:
+      return "f8e5m2";
     default: return to_string(t);  // the others are named alike
   }
 }
 
 /// -d all and -o all, in nccl-tests' order.
-inline constexpr DataType kNcclTypeOrder[] = {DataType::int8,   DataType::uint8,   DataType::int32,
-                                              DataType::uint32, DataType::int64,   DataType::uint64,
-                                              DataType::float16, DataType::float32, DataType::float64,
-                                              DataType::bfloat16};
+inline constexpr DataType kNcclTypeOrder[] = {
+    DataType::int8,    DataType::uint8,    DataType::int32,       DataType::uint32,
+    DataType::int64,   DataType::uint64,   DataType::float16,     DataType::float32,
+    DataType::float64, DataType::bfloat16, DataType::float8_e4m3, DataType::float8_e5m2};
 inline constexpr ReduceOp kNcclOpOrder[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::max, ReduceOp::min,
                                             ReduceOp::avg};
 
@@ -132,7 +136,7 @@ inline Settings parse_settings(int argc, char** argv, const std::string& program
   app.add_option("-o,--op", op, "sum, prod, min, max, avg or all")->capture_default_str();
   app.add_option("-d,--datatype", type,
                  "int8, uint8, int32, uint32, int64, uint64, half (float16), bfloat16, float (float32), "
-                 "double (float64) or all")
+                 "double (float64), f8e4m3 (float8_e4m3), f8e5m2 (float8_e5m2) or all")
       ->capture_default_str();
   app.add_option("-r,--root", root, "root rank of rooted collectives, or all")->capture_default_str();
   app.add_option("-z,--blocking", s.blocking,

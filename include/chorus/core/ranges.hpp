@@ -18,7 +18,7 @@ concept ByteRange = std::ranges::contiguous_range<R> && std::ranges::sized_range
 template <class R>
 concept WritableByteRange = ByteRange<R> && !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
 
-/// A contiguous range of one of the element types (int8 ... float64, float16, bfloat16).
+/// A contiguous range of one of the element types (int8 ... float64, float16, bfloat16, the fp8 types).
 template <class R>
 concept ElementRange = ByteRange<R> && Element<std::remove_cv_t<std::ranges::range_value_t<R>>>;
 

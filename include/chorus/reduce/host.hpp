@@ -32,21 +32,24 @@
 ///     float buffer with vcvtph2ps / vcvtps2ph (float16) or 32-byte vectors (bfloat16): about
 ///     17x (float16) and 2.4x (bfloat16) faster, same bits;
 ///   - finalize_avg for float, double, float16 and bfloat16 (world sizes up to 2048 / 256 for the
-///     narrow ones); integer division has no SIMD instruction and stays scalar.
+///     narrow ones); integer division has no SIMD instruction and stays scalar;
+///   - nothing for fp8, whose loops look their results up in tables (reduce/fp8.hpp).
 /// The scalar tail and the vector body compute the same operations, so the bits do not depend on
 /// where a block boundary falls. FP contraction (-ffp-contract=fast, the GNU-mode default) changes
 /// nothing: each op is one operation, and the one multiply-subtract in float_to_half_bits_v is
 /// exact either way.
 
 #include <cstddef>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "chorus/config.hpp"
 #include "chorus/core/error.hpp"
 #include "chorus/core/types.hpp"
+#include "chorus/reduce/fp8.hpp"
 #include "chorus/reduce/ops.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -352,11 +355,9 @@ template <class T>
 }
 #endif  // CHORUS_DETAIL_HOST_X86_NARROW
 
-}  // namespace detail
-
-template <class Op, Element T>
-void reduce_to(T* out, const T* a, const T* b, std::size_t n) {
-  if (n == 0) return;
+/// reduce_to for every type but fp8.
+template <class Op, class T>
+void reduce_any(T* out, const T* a, const T* b, std::size_t n) {
   // Overlaps hold alike for any common suffix of the three ranges.
   const bool out_a = detail::ranges_overlap(out, a, n);
   const bool out_b = detail::ranges_overlap(out, b, n);
@@ -383,6 +384,22 @@ void reduce_to(T* out, const T* a, const T* b, std::size_t n) {
   }
 }
 
+}  // namespace detail
+
+template <class Op, Element T>
+void reduce_to(T* out, const T* a, const T* b, std::size_t n) {
+  if (n == 0) return;
+  if constexpr (kIsFloat8<T>) {  // no other loop is instantiated for them (compile time)
+    if constexpr (detail::kFp8Table<Op>) {
+      detail::reduce_fp8<Op>(out, a, b, n);
+    } else {
+      detail::reduce_aliased<Op>(out, a, b, n);  // the bitwise ops, which no fp8 call takes
+    }
+  } else {
+    detail::reduce_any<Op>(out, a, b, n);
+  }
+}
+
 template <class Op, Element T>
 void reduce_into(T* inout, const T* in, std::size_t n) {
   reduce_to<Op>(inout, inout, in, n);
@@ -391,6 +408,10 @@ void reduce_into(T* inout, const T* in, std::size_t n) {
 template <Element T>
 void finalize_avg(T* data, std::size_t n, int world_size) {
   detail::check_world_size(world_size);
+  if constexpr (kIsFloat8<T>) {
+    detail::map_fp8(data, data, n, [&](T v) { return avg_divide(v, world_size); });
+    return;
+  }
   if constexpr (kIsNarrowFloat<T>) {
     if (world_size <= detail::kAvgFloatDivisionLimit<T>) {
 #if CHORUS_DETAIL_HOST_X86_NARROW
@@ -427,7 +448,11 @@ inline void premul(DataType dt, void* out, const void* in, std::size_t count, co
     std::memcpy(&s, scalar, sizeof(T));
     T* o = static_cast<T*>(out);
     const T* x = static_cast<const T*>(in);
-    for (std::size_t i = 0; i < count; ++i) o[i] = Prod{}(x[i], s);
+    if constexpr (kIsFloat8<T>) {
+      detail::map_fp8(o, x, count, [&](T v) { return Prod{}(v, s); });
+    } else {
+      for (std::size_t i = 0; i < count; ++i) o[i] = Prod{}(x[i], s);
+    }
   });
 }
 

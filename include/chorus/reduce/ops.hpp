@@ -23,8 +23,9 @@ namespace chorus {
 // Accumulation type
 // ---------------------------------------------------------------------------------------------
 
-/// The type arithmetic on T is carried out in: float for float16 and bfloat16 (no hardware
-/// half-precision instruction is used, on host or device), T itself for every other element.
+/// The type arithmetic on T is carried out in: float for float16, bfloat16 and the fp8 types (no
+/// hardware half-precision or fp8 instruction is used, on host or device), T itself for every
+/// other element.
 template <class T>
 struct Accumulator {
   using type = T;
@@ -37,6 +38,14 @@ template <>
 struct Accumulator<bfloat16> {
   using type = float;
 };
+template <>
+struct Accumulator<float8_e4m3> {
+  using type = float;
+};
+template <>
+struct Accumulator<float8_e5m2> {
+  using type = float;
+};
 
 template <class T>
 using accumulator_t = typename Accumulator<T>::type;
@@ -44,6 +53,15 @@ using accumulator_t = typename Accumulator<T>::type;
 /// True for float16 and bfloat16: stored in 2 bytes, computed in float.
 template <class T>
 inline constexpr bool kIsNarrowFloat = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
+/// True for float8_e4m3 and float8_e5m2: stored in 1 byte, computed in float.
+template <class T>
+inline constexpr bool kIsFloat8 = std::is_same_v<T, float8_e4m3> || std::is_same_v<T, float8_e5m2>;
+
+/// True for the element types stored narrower than float and computed in float (accumulator_t):
+/// float16, bfloat16, float8_e4m3, float8_e5m2.
+template <class T>
+inline constexpr bool kComputedInFloat = kIsNarrowFloat<T> || kIsFloat8<T>;
 
 namespace detail {
 
@@ -56,7 +74,7 @@ using WrapType = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, st
 /// Narrow float <-> its accumulator: exact widening; narrowing rounds to nearest even.
 template <class T>
 CHORUS_HOST_DEVICE constexpr accumulator_t<T> widen(T v) noexcept {
-  if constexpr (kIsNarrowFloat<T>) {
+  if constexpr (kComputedInFloat<T>) {
     return static_cast<float>(v);
   } else {
     return v;
@@ -64,7 +82,7 @@ CHORUS_HOST_DEVICE constexpr accumulator_t<T> widen(T v) noexcept {
 }
 template <class T>
 CHORUS_HOST_DEVICE constexpr T narrow(accumulator_t<T> v) noexcept {
-  if constexpr (kIsNarrowFloat<T>) {
+  if constexpr (kComputedInFloat<T>) {
     return T(v);
   } else {
     return v;
@@ -87,7 +105,7 @@ CHORUS_HOST_DEVICE constexpr F bits_and(F a, F b) noexcept {
 
 /// The canonical NaN every floating-point reduction result that is NaN becomes: positive, quiet,
 /// zero payload (float 0x7fc00000, double 0x7ff8000000000000; narrowed: float16 0x7e00,
-/// bfloat16 0x7fc0).
+/// bfloat16 0x7fc0, float8_e4m3 0x7f, float8_e5m2 0x7e).
 template <class F>
 CHORUS_HOST_DEVICE constexpr F canonical_nan() noexcept {
   if constexpr (sizeof(F) == 4) {
@@ -140,11 +158,14 @@ CHORUS_HOST_DEVICE constexpr F canonicalize(F r) noexcept {
  *   its own canonical NaN. Canonicalising costs one compare and blend per element and makes every
  *   functor commutative bit for bit, and host and device results identical.
  *
- * float16, bfloat16: widened exactly to float (accumulator_t), combined there by the float functor,
- *   and rounded back to nearest even once per operation. float has at least 2p+2 significand bits
- *   for both (p = 11 and 8), so the double rounding of sum and prod is innocuous (Figueroa, 1995):
- *   the result is the correctly rounded exact a+b or a*b, as a native half-precision unit gives.
- *   min and max return an operand unchanged (narrowing a widened value is exact), NaN aside.
+ * float16, bfloat16, float8_e4m3, float8_e5m2 (kComputedInFloat): widened exactly to float
+ *   (accumulator_t), combined there by the float functor, and rounded back to nearest even once per
+ *   operation: a reduction step (one pairwise combination) accumulates in fp32 and rounds once.
+ *   float has at least 2p+2 significand bits for all four (p = 11, 8, 4, 3), so the double rounding
+ *   of sum and prod is innocuous (Figueroa, 1995): the result is the correctly rounded exact a+b or
+ *   a*b, as a native unit of the narrow type gives. Out of range, the narrowing rules of
+ *   core/float.hpp apply: float8_e4m3 saturates at +-448, the others overflow to infinity. min and
+ *   max return an operand unchanged (narrowing a widened value is exact), NaN aside.
  *
  * So every functor is commutative bit for bit; integer sum/prod and min/max are associative too,
  *   floating-point sum/prod are not, which is why algorithms fix the order of operands.
@@ -165,7 +186,7 @@ struct Sum {
     if constexpr (std::is_integral_v<T>) {
       using W = detail::WrapType<T>;
       return static_cast<T>(static_cast<W>(static_cast<W>(a) + static_cast<W>(b)));
-    } else if constexpr (kIsNarrowFloat<T>) {
+    } else if constexpr (kComputedInFloat<T>) {
       return detail::narrow<T>((*this)(detail::widen(a), detail::widen(b)));
     } else {
       return detail::canonicalize(a + b);
@@ -180,7 +201,7 @@ struct Prod {
     if constexpr (std::is_integral_v<T>) {
       using W = detail::WrapType<T>;
       return static_cast<T>(static_cast<W>(static_cast<W>(a) * static_cast<W>(b)));
-    } else if constexpr (kIsNarrowFloat<T>) {
+    } else if constexpr (kComputedInFloat<T>) {
       return detail::narrow<T>((*this)(detail::widen(a), detail::widen(b)));
     } else {
       return detail::canonicalize(a * b);
@@ -194,7 +215,7 @@ struct Min {
   CHORUS_HOST_DEVICE constexpr T operator()(T a, T b) const noexcept {
     if constexpr (std::is_integral_v<T>) {
       return b < a ? b : a;
-    } else if constexpr (kIsNarrowFloat<T>) {
+    } else if constexpr (kComputedInFloat<T>) {
       return detail::narrow<T>((*this)(detail::widen(a), detail::widen(b)));
     } else if constexpr (sizeof(T) == 4) {
       // float: minps-shaped select, then the -0 of a tie or'ed in under a mask (the form g++
@@ -217,7 +238,7 @@ struct Max {
   CHORUS_HOST_DEVICE constexpr T operator()(T a, T b) const noexcept {
     if constexpr (std::is_integral_v<T>) {
       return a < b ? b : a;
-    } else if constexpr (kIsNarrowFloat<T>) {
+    } else if constexpr (kComputedInFloat<T>) {
       return detail::narrow<T>((*this)(detail::widen(a), detail::widen(b)));
     } else if constexpr (sizeof(T) == 4) {
       // float: maxps-shaped select, then the +0 of a tie and'ed in under a mask (see Min).
@@ -270,11 +291,15 @@ struct BitXor {
 };
 
 namespace detail {
-/// Largest world size avg_divide divides float16/bfloat16 by in float: every integer up to it is
-/// exact in the narrow type (11 and 8 significand bits), and then float (24 >= 2p + 1 bits) rounds
-/// the quotient innocuously (Figueroa, 1995).
+/// Largest world size avg_divide divides a kComputedInFloat type by in float: 2^p, so that every
+/// integer up to it is exact in the narrow type (p = 11, 8, 4 and 3 significand bits for float16,
+/// bfloat16, float8_e4m3, float8_e5m2), and then float (24 >= 2p + 1 bits) rounds the quotient
+/// innocuously (Figueroa, 1995).
 template <class T>
-inline constexpr int kAvgFloatDivisionLimit = std::is_same_v<T, float16> ? 2048 : 256;
+inline constexpr int kAvgFloatDivisionLimit = std::is_same_v<T, float16>       ? 2048
+                                              : std::is_same_v<T, bfloat16>    ? 256
+                                              : std::is_same_v<T, float8_e4m3> ? 16
+                                                                               : 8;
 }  // namespace detail
 
 /// One element of avg's final step, x / world_size (precondition: world_size >= 1); NaN in, the
@@ -283,7 +308,7 @@ inline constexpr int kAvgFloatDivisionLimit = std::is_same_v<T, float16> ? 2048 
 /// float, double: a true division by the world size, which is exact in the type (world sizes below
 /// 2^24 for float): the correctly rounded quotient. Not a multiplication by the reciprocal, which
 /// rounds twice and misses by an ulp (float: 5 / 3 = 1.66666663, but 5 * (1 / 3) = 1.66666675).
-/// float16, bfloat16: the correctly rounded quotient for every world size, rounded once: divided
+/// float16, bfloat16, fp8: the correctly rounded quotient for every world size, rounded once: divided
 /// in float up to kAvgFloatDivisionLimit, beyond that in double (a narrow value over a 31-bit
 /// integer is never within double precision of a rounding midpoint without being on it).
 template <class T>
@@ -294,7 +319,7 @@ CHORUS_HOST_DEVICE constexpr T avg_divide(T x, int world_size) noexcept {
     } else {
       return static_cast<T>(static_cast<std::uint64_t>(x) / static_cast<std::uint64_t>(world_size));
     }
-  } else if constexpr (kIsNarrowFloat<T>) {
+  } else if constexpr (kComputedInFloat<T>) {
     if (world_size <= detail::kAvgFloatDivisionLimit<T>) {
       return detail::narrow<T>(avg_divide(detail::widen(x), world_size));
     }
