@@ -10,6 +10,7 @@
 /// rank p and arrives there as block r of its `out` (recv_counts[r] elements, back to back).
 /// Counts must agree: send_counts[p] on rank r == recv_counts[r] on rank p; where they do not,
 /// the receive fails with `mismatch` naming both sizes (and the link is not trusted further).
+/// Device buffers are staged through host memory, as the v-collectives' (v_collectives.hpp).
 /// Blocking: returns when this rank's part is done, each message bounded by the communicator's
 /// timeout; the first error is rethrown once every message has settled.
 ///
@@ -57,8 +58,12 @@ void all_to_all_v(Comm& comm, const void* in, std::span<const std::size_t> send_
     send_at[p] = send_at[p - 1] + send_counts[p - 1] * es;
     recv_at[p] = recv_at[p - 1] + recv_counts[p - 1] * es;
   }
-  const auto* src = static_cast<const std::byte*>(in);
-  auto* dst = static_cast<std::byte*>(out);
+  // Device buffers: staged through host memory, as the v-collectives' (v_collectives.hpp).
+  const std::size_t send_bytes = send_at[n - 1] + send_counts[n - 1] * es;
+  const std::size_t recv_bytes = recv_at[n - 1] + recv_counts[n - 1] * es;
+  v_detail::Staged sin(comm, in, send_bytes, true), sout(comm, out, recv_bytes, false);
+  const auto* src = static_cast<const std::byte*>(sin.get());
+  auto* dst = static_cast<std::byte*>(sout.get());
   // Receives first, then sends, both in the order of distance on the ring (every rank starts with
   // its neighbours), then this rank's own block.
   std::vector<Request> reqs;
@@ -75,6 +80,8 @@ void all_to_all_v(Comm& comm, const void* in, std::span<const std::size_t> send_
   }
   if (send_counts[me] != 0) std::memmove(dst + recv_at[me], src + send_at[me], send_counts[me] * es);
   v_detail::wait_all(reqs);
+  sout.put_back(0, recv_bytes);
+  sout.finish();
 }
 
 }  // namespace chorus

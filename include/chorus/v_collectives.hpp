@@ -5,9 +5,11 @@
 /// operations (host buffers; all_to_all_v is in all_to_all_v.hpp).
 ///
 ///   // rank r contributes counts[r] elements; every rank receives them all, block r at displs[r]
-///   chorus::all_gather_v(comm, in.data(), counts[comm.rank()], out.data(), counts, {}, chorus::DataType::float32);
+///   chorus::all_gather_v(comm, in.data(), counts[comm.rank()], out.data(), counts, {},
+///   chorus::DataType::float32);
 ///   // rank r receives block r (counts[r] elements) of the element-wise reduction of every rank's in
-///   chorus::reduce_scatter_v(comm, in.data(), out.data(), counts, chorus::DataType::float32, chorus::ReduceOp::sum);
+///   chorus::reduce_scatter_v(comm, in.data(), out.data(), counts, chorus::DataType::float32,
+///   chorus::ReduceOp::sum);
 ///
 /// counts and displs count elements, one entry per rank. An empty displs places the blocks back to
 /// back in rank order; given, it must have one entry per rank and the blocks must fit where they
@@ -17,7 +19,15 @@
 /// Algorithm: direct (every block travels once, from its owner to its reader). reduce_scatter_v
 /// reduces the blocks it receives in rank order (rank 0's, then 1's, ...), so a result is the same
 /// bit for bit on every rank and run, and equals a reduction in rank order; avg sums, then divides
-/// once. Nothing here runs on device buffers or picks another algorithm by message size.
+/// once. No other algorithm is chosen by message size.
+///
+/// Device buffers (device memory by the communicator's device_runtime(), as the collectives tell
+/// them): staged through host memory, since the blocks travel over point-to-point, which takes
+/// host memory. A device input is copied to the host before any message (on the default stream,
+/// synchronised: work of other streams that writes it must be complete, as for any blocking call
+/// on the default stream); a device output's blocks are received on the host and copied back
+/// before the call returns; reduce_scatter_v reduces on the host. Host and device buffers mix
+/// freely (in on the device, out on the host, ...).
 ///
 /// Cross-rank checks: every block's size is checked by its receiver, so counts that disagree
 /// between ranks (counts[p] on one rank against the count rank p contributes) fail with `mismatch`
@@ -41,6 +51,7 @@
 #include "chorus/core/error.hpp"
 #include "chorus/core/request.hpp"
 #include "chorus/core/types.hpp"
+#include "chorus/device/runtime.hpp"
 #include "chorus/reduce/host.hpp"
 
 namespace chorus {
@@ -103,6 +114,45 @@ inline void wait_all(std::vector<Request>& reqs) {
   if (first) std::rethrow_exception(first);
 }
 
+/// A buffer as the v-collectives' host code sees it: device memory staged in host memory (copied
+/// in at construction when `read`; its written ranges copied back by put_back, then finish), host
+/// memory (or none) as it is.
+class Staged {
+ public:
+  template <class Comm>
+  Staged(Comm& comm, const void* user, std::size_t bytes, bool read) : user_(const_cast<void*>(user)) {
+    if constexpr (requires { comm.device_runtime(); }) rt_ = comm.device_runtime();
+    if (rt_ == nullptr || user == nullptr || bytes == 0 || rt_->kind_of(user) != MemoryKind::device) return;
+    host_.resize(bytes);
+    if (read) {
+      rt_->copy(host_.data(), user, bytes, device::Stream{});
+      rt_->synchronize(device::Stream{});
+    }
+  }
+  void* get() { return host_.empty() ? user_ : host_.data(); }
+  /// Copies bytes [offset, offset + bytes) back to the device buffer; nothing for a host one.
+  void put_back(std::size_t offset, std::size_t bytes) {
+    if (!host_.empty() && bytes != 0)
+      rt_->copy(static_cast<std::byte*>(user_) + offset, host_.data() + offset, bytes, device::Stream{});
+  }
+  /// Waits for the copies back.
+  void finish() {
+    if (!host_.empty()) rt_->synchronize(device::Stream{});
+  }
+
+ private:
+  device::Runtime* rt_ = nullptr;
+  void* user_;
+  std::vector<std::byte> host_;
+};
+
+/// Elements a layout's blocks reach: max over p of place[p] + counts[p].
+inline std::size_t extent(std::span<const std::size_t> place, std::span<const std::size_t> counts) {
+  std::size_t e = 0;
+  for (std::size_t p = 0; p < counts.size(); ++p) e = std::max(e, counts[p] ? place[p] + counts[p] : 0);
+  return e;
+}
+
 inline std::byte* at(void* base, std::size_t elements, std::size_t es, std::size_t count) {
   return count ? static_cast<std::byte*>(base) + elements * es : nullptr;
 }
@@ -123,6 +173,10 @@ void all_gather_v(Comm& comm, const void* in, std::size_t count, void* out, std:
   const std::size_t es = v_detail::element_size(ctx, dt);
   const auto place = v_detail::offsets(ctx, n, counts, displs);
   v_detail::check_own_count(ctx, "contributes", count, counts[me]);
+  v_detail::Staged sin(comm, in, count * es, true),
+      sout(comm, out, v_detail::extent(place, counts) * es, false);
+  in = sin.get();
+  out = sout.get();
   // Receives first, then sends, in the order of distance on the ring, then this rank's own block.
   std::vector<Request> reqs;
   reqs.reserve(2 * static_cast<std::size_t>(n));
@@ -135,6 +189,8 @@ void all_gather_v(Comm& comm, const void* in, std::size_t count, void* out, std:
     reqs.push_back(comm.isend_bytes(ConstBytes{v_detail::at(in, 0, es, count), count * es}, (me + k) % n, tag));
   if (count != 0) std::memmove(v_detail::at(out, place[me], es, count), in, count * es);
   v_detail::wait_all(reqs);
+  for (int p = 0; p < n; ++p) sout.put_back(place[p] * es, counts[p] * es);
+  sout.finish();
 }
 
 /// Every rank's `count` elements of `in` arrive at `root`, rank p's as counts[p] elements of `out`
@@ -147,12 +203,16 @@ void gather_v(Comm& comm, const void* in, std::size_t count, void* out, std::spa
   const ErrorContext ctx{me, root, "gather_v " + std::string(to_string(dt)) + " to root " + std::to_string(root)};
   const std::size_t es = v_detail::element_size(ctx, dt);
   v_detail::check_root(ctx, root, n);
+  v_detail::Staged sin(comm, in, count * es, true);
+  in = sin.get();
   if (me != root) {
     comm.isend_bytes(ConstBytes{v_detail::at(in, 0, es, count), count * es}, root, tag).wait();
     return;
   }
   const auto place = v_detail::offsets(ctx, n, counts, displs);
   v_detail::check_own_count(ctx, "contributes", count, counts[me]);
+  v_detail::Staged sout(comm, out, v_detail::extent(place, counts) * es, false);
+  out = sout.get();
   std::vector<Request> reqs;
   reqs.reserve(static_cast<std::size_t>(n));
   for (int p = 0; p < n; ++p)
@@ -160,6 +220,8 @@ void gather_v(Comm& comm, const void* in, std::size_t count, void* out, std::spa
       reqs.push_back(comm.irecv_bytes(MutableBytes{v_detail::at(out, place[p], es, counts[p]), counts[p] * es}, p, tag));
   if (count != 0) std::memmove(v_detail::at(out, place[me], es, count), in, count * es);
   v_detail::wait_all(reqs);
+  for (int p = 0; p < n; ++p) sout.put_back(place[p] * es, counts[p] * es);
+  sout.finish();
 }
 
 /// The root's counts[p] elements of `in` at displs[p] arrive at rank p as `count` elements of
@@ -171,12 +233,18 @@ void scatter_v(Comm& comm, const void* in, std::span<const std::size_t> counts, 
   const ErrorContext ctx{me, root, "scatter_v " + std::string(to_string(dt)) + " from root " + std::to_string(root)};
   const std::size_t es = v_detail::element_size(ctx, dt);
   v_detail::check_root(ctx, root, n);
+  v_detail::Staged sout(comm, out, count * es, false);
+  out = sout.get();
   if (me != root) {
     comm.irecv_bytes(MutableBytes{v_detail::at(out, 0, es, count), count * es}, root, tag).wait();
+    sout.put_back(0, count * es);
+    sout.finish();
     return;
   }
   const auto place = v_detail::offsets(ctx, n, counts, displs);
   v_detail::check_own_count(ctx, "receives", count, counts[me]);
+  v_detail::Staged sin(comm, in, v_detail::extent(place, counts) * es, true);
+  in = sin.get();
   std::vector<Request> reqs;
   reqs.reserve(static_cast<std::size_t>(n));
   for (int k = 1; k < n; ++k) {
@@ -185,6 +253,8 @@ void scatter_v(Comm& comm, const void* in, std::span<const std::size_t> counts, 
   }
   if (count != 0) std::memmove(out, v_detail::at(in, place[me], es, count), count * es);
   v_detail::wait_all(reqs);
+  sout.put_back(0, count * es);
+  sout.finish();
 }
 
 /// `in` holds one block per rank, back to back (counts[p] elements for rank p); rank r's `out`
@@ -201,6 +271,10 @@ void reduce_scatter_v(Comm& comm, const void* in, void* out, std::span<const std
     throw Error(ErrorCode::invalid_argument, ctx, "the op does not apply to this dtype");
   const auto place = v_detail::offsets(ctx, n, counts, {});
   const std::size_t mine = counts[me];
+  v_detail::Staged sin(comm, in, v_detail::extent(place, counts) * es, true),
+      sout(comm, out, mine * es, false);
+  in = sin.get();
+  out = sout.get();
   // The other ranks' blocks for this rank, one buffer each, reduced in rank order once all are in.
   std::vector<std::vector<std::byte>> from(static_cast<std::size_t>(n));
   std::vector<Request> reqs;
@@ -223,6 +297,8 @@ void reduce_scatter_v(Comm& comm, const void* in, void* out, std::span<const std
   std::memmove(acc, me == 0 ? own : from[0].data(), mine * es);
   for (int p = 1; p < n; ++p) reduce(step, dt, acc, acc, p == me ? own : from[p].data(), mine);
   if (op == ReduceOp::avg) finalize_avg(dt, acc, mine, n);
+  sout.put_back(0, mine * es);
+  sout.finish();
 }
 
 }  // namespace chorus
