@@ -455,8 +455,10 @@ class Communicator {
                        const algo::Plan& plan, bool async, exec::TicketRef ticket = {});
   /// `call` with the fields its kind does not read set as its typed form sets them (start()).
   Call normalized(const Call& call, const char* what) const;
-  /// premul_sum: scales the input into `call`'s output or returned scratch, which `call` then reads (impl/premul.hpp).
-  std::shared_ptr<std::vector<std::byte>> prescale(Call& call, MemoryKind kind, const device::Stream* stream);
+  /// premul_sum: scales the input into `call`'s output, returned host scratch or *device_scratch
+  /// (impl/premul.hpp).
+  std::shared_ptr<std::vector<std::byte>> prescale(Call& call, MemoryKind kind, const device::Stream* stream,
+                                                   void** device_scratch);
   /// A call on device buffers that the collective kernel takes (impl/kernel_call.hpp): launched
   /// on `stream` (the default one where null: blocking unless `async`).
   Request kernel_call(algo::CollectiveDesc desc, const std::byte* in, std::byte* out, const device::Stream* stream,

@@ -6,10 +6,10 @@
 // scalar of its own on each rank (rank + 1, exact) against a reference summed here; ranks as
 // threads over inproc (worlds 1-5) and tcp, as processes over shm (worlds 2 and 4). A persistent
 // operation reads its scalar at each start; calls in a group keep their own scalars. Device
-// buffers (simulated runtime, ranks as threads on one device, worlds 1-5): all_reduce on a
-// stream with the scalar in host and in device memory, and blocking. Errors: no scalar, an integer
-// dtype, a device reduce (not built), and a rank that calls sum where the others call premul_sum
-// (mismatch on every rank).
+// buffers (simulated runtime, ranks as threads on one device, worlds 1-5): all_reduce, reduce at
+// every root and reduce_scatter, on a stream and blocking, with the scalar in host and in device
+// memory. Errors: no scalar, an integer dtype, and a rank that calls sum where the others call
+// premul_sum (mismatch on every rank).
 #include <doctest/doctest.h>
 
 #include <cstddef>
@@ -203,7 +203,7 @@ TEST_CASE("premul_sum: a persistent operation reads its scalar at each start; ca
   });
 }
 
-TEST_CASE("premul_sum: no scalar, an integer dtype, a device reduce, and sum against premul_sum: errors") {
+TEST_CASE("premul_sum: no scalar, an integer dtype, and sum against premul_sum: errors") {
   chorus::test::run_world<chorus::test::InprocThreads>(2, [](auto& c, auto&) {
     const int me = c.rank();
     std::vector<float> v(3, 1.0f);
@@ -233,8 +233,9 @@ TEST_CASE("premul_sum: no scalar, an integer dtype, a device reduce, and sum aga
   });
 }
 
-/// Device buffers: all_reduce premul_sum on a stream (scalar in host memory, then in device
-/// memory) and blocking; ranks as threads of one process on one simulated device.
+/// Device buffers: all_reduce, reduce and reduce_scatter premul_sum on a stream (scalar in host
+/// memory, then in device memory) and blocking; ranks as threads of one process on one simulated
+/// device.
 template <class T>
 void device_case(chorus::Communicator<chorus::inproc::Transport>& c, chorus::device::SimRuntime& rt, chorus::device::Stream st,
                  std::size_t count) {
@@ -269,27 +270,60 @@ void device_case(chorus::Communicator<chorus::inproc::Transport>& c, chorus::dev
   for (std::size_t i = 0; i < count; ++i) want[i] = scaled_sum<T>(seed, n, i, s_dev_value);
   same(chorus::test::read_device(rt, out, count, st), want,
        "premul_sum all_reduce on a stream, scalar in device memory" + at, me);
+  // reduce at every root (the scalar in host memory at even roots, in device memory at odd ones)
+  // and reduce_scatter: off the root the input is scaled into device scratch, freed behind the call.
+  const std::size_t un = static_cast<std::size_t>(n);
+  std::vector<T> hr(count), hs(count * un);
+  for (std::size_t i = 0; i < count; ++i) hr[i] = chorus::test::input<T>(seed + 1, n, me, i, ReduceOp::sum);
+  for (std::size_t i = 0; i < hs.size(); ++i)
+    hs[i] = chorus::test::input<T>(seed + 2, n, me, i, ReduceOp::sum);
+  auto* rin = static_cast<T*>(rt.alloc_device(bytes));
+  auto* rout = static_cast<T*>(rt.alloc_device(bytes));
+  auto* sin = static_cast<T*>(rt.alloc_device(hs.size() * sizeof(T)));
+  rt.copy(rin, hr.data(), bytes, st);
+  rt.copy(sin, hs.data(), hs.size() * sizeof(T), st);
+  rt.synchronize(st);
+  for (int root = 0; root < n; ++root) {
+    const T* scalar = root % 2 == 0 ? &s : s_dev;
+    c.start({CallKind::reduce, rin, rout, count, dt, ReduceOp::premul_sum, root, scalar},
+            chorus::CallMode::async, st)
+        .wait();
+    rt.synchronize(st);
+    if (me != root) continue;
+    for (std::size_t i = 0; i < count; ++i)
+      want[i] = scaled_sum<T>(seed + 1, n, i, root % 2 == 0 ? s : s_dev_value);
+    same(chorus::test::read_device(rt, rout, count, st), want,
+         "premul_sum reduce on a stream, root " + std::to_string(root) + at, me);
+  }
+  same(chorus::test::read_device(rt, rin, count, st), hr, "premul_sum reduce leaves its input as it was" + at,
+       me);
+  c.start({CallKind::reduce_scatter, sin, out, count, dt, ReduceOp::premul_sum, -1, &s},
+          chorus::CallMode::blocking);
+  for (std::size_t i = 0; i < count; ++i)
+    want[i] = scaled_sum<T>(seed + 2, n, static_cast<std::size_t>(me) * count + i, s);
+  same(chorus::test::read_device(rt, out, count, st), want, "premul_sum reduce_scatter blocking" + at, me);
+  c.start({CallKind::reduce_scatter, sin, rout, count, dt, ReduceOp::premul_sum, -1, s_dev},
+          chorus::CallMode::async, st)
+      .wait();
+  for (std::size_t i = 0; i < count; ++i)
+    want[i] = scaled_sum<T>(seed + 2, n, static_cast<std::size_t>(me) * count + i, s_dev_value);
+  same(chorus::test::read_device(rt, rout, count, st), want,
+       "premul_sum reduce_scatter on a stream, scalar in device memory" + at, me);
   c.barrier();  // ranks as threads share the device: no rank frees while a peer's call may run
-  for (T* d : {a, b, out, s_dev}) rt.free_device(d);
+  for (T* d : {a, b, out, s_dev, rin, rout, sin}) rt.free_device(d);
   c.barrier();
 }
 
-TEST_CASE("premul_sum: simulated-device buffers, all_reduce on a stream and blocking, scalar in host or device memory: ranks as threads, worlds 1 to 5") {
+TEST_CASE(
+    "premul_sum: simulated-device buffers, all_reduce, reduce at every root and reduce_scatter, on a stream "
+    "and blocking, scalar in host or device memory: ranks as threads, worlds 1 to 5") {
   chorus::test::run_device_threads(5, [](auto& c, chorus::device::SimRuntime& rt, chorus::device::Stream st) {
     for (DataType dt : float_dtypes())
       chorus::dispatch(dt, [&]<class T>(std::type_identity<T>) {
         if constexpr (chorus::test::kIsFloat<T>)
-          for (std::size_t count : {std::size_t(1), std::size_t(13), std::size_t(1031)}) device_case<T>(c, rt, st, count);
+          for (std::size_t count : {std::size_t(1), std::size_t(13), std::size_t(1031)})
+            device_case<T>(c, rt, st, count);
       });
-    // reduce on device buffers: not built (device scratch), a clear error on every rank alike.
-    auto* d = static_cast<float*>(rt.alloc_device(4 * sizeof(float)));
-    const float s = 2.0f;
-    chorus::test::expect_error(
-        chorus::ErrorCode::unsupported,
-        [&] { c.start({CallKind::reduce, d, d, 4, DataType::float32, ReduceOp::premul_sum, 0, &s}, chorus::CallMode::blocking); },
-        "premul_sum reduce on device buffers");
-    c.barrier();
-    rt.free_device(d);
   });
 }
 

@@ -109,6 +109,17 @@ class CountingRuntime final : public Runtime {
     std::lock_guard lk(mu_);
     bases_.erase(reinterpret_cast<std::uintptr_t>(p));
   }
+  void* alloc_device_async(std::size_t bytes, Stream s) override {
+    void* p = in_.alloc_device_async(bytes, s);
+    std::lock_guard lk(mu_);
+    bases_[reinterpret_cast<std::uintptr_t>(p)] = false;
+    return p;
+  }
+  void free_device_async(void* p, Stream s) override {
+    in_.free_device_async(p, s);
+    std::lock_guard lk(mu_);
+    bases_.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
   void* alloc_pinned(std::size_t bytes) override { return in_.alloc_pinned(bytes); }
   void free_pinned(void* p) override { in_.free_pinned(p); }
   void* device_address(void* p) override { return in_.device_address(p); }

@@ -197,6 +197,14 @@ class CudaRuntime final : public Runtime {
   void free_device(void* p) override {
     if (p != nullptr) detail::cuda_check(cudaFree(p), "cudaFree");
   }
+  void* alloc_device_async(std::size_t bytes, Stream s) override {
+    void* p = nullptr;
+    detail::cuda_check(cudaMallocAsync(&p, bytes != 0 ? bytes : 1, s), "cudaMallocAsync");
+    return p;
+  }
+  void free_device_async(void* p, Stream s) override {
+    if (p != nullptr) detail::cuda_check(cudaFreeAsync(p, s), "cudaFreeAsync");
+  }
   void* alloc_pinned(std::size_t bytes) override {
     void* p = nullptr;
     detail::cuda_check(cudaHostAlloc(&p, bytes != 0 ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped),

@@ -82,6 +82,20 @@ class Runtime {
   virtual MemoryKind kind_of(const void* p) = 0;
   virtual void* alloc_device(std::size_t bytes) = 0;  ///< cudaMalloc; bytes 0 gives a valid unique pointer
   virtual void free_device(void* p) = 0;              ///< null is a no-op
+  /// Stream-ordered memory (cudaMallocAsync, cudaFreeAsync): alloc_device_async's memory is usable
+  /// by the work issued on `s` from now on, and free_device_async frees it once the work issued on
+  /// `s` before it has run, without waiting for the device (free_device waits for all of it, which
+  /// ranks as threads of one device must not do while a peer's call may wait for them). The
+  /// defaults: alloc_device, and free_device after synchronize(s).
+  virtual void* alloc_device_async(std::size_t bytes, Stream s) {
+    (void)s;
+    return alloc_device(bytes);
+  }
+  virtual void free_device_async(void* p, Stream s) {
+    if (p == nullptr) return;
+    synchronize(s);
+    free_device(p);
+  }
   /// Page-locked host memory, mapped into the device's address space (cudaHostAlloc with
   /// cudaHostAllocPortable | cudaHostAllocMapped): staging buffers and flags live here.
   virtual void* alloc_pinned(std::size_t bytes) = 0;

@@ -36,6 +36,23 @@
 
 namespace chorus {
 
+namespace detail {
+/// Frees device memory with free_device_async on `stream` at scope exit: after the call issued in
+/// the scope is ordered on the stream, or after it failed to be.
+struct FreeBehind {
+  device::Runtime* rt;
+  void* p;
+  device::Stream stream;
+  ~FreeBehind() {
+    if (p == nullptr) return;
+    try {
+      rt->free_device_async(p, stream);
+    } catch (...) {  // a failed stream: its error reaches the caller through the call
+    }
+  }
+};
+}  // namespace detail
+
 template <class T>
 Communicator<T> Communicator<T>::create(Options options) {
   auto s = std::make_unique<State>();
@@ -428,7 +445,8 @@ Request Communicator<T>::issue(const Call& given, bool async, const device::Stre
   }
   Call call = given;
   std::shared_ptr<std::vector<std::byte>> scaled;
-  if (call.op == ReduceOp::premul_sum) scaled = prescale(call, kind_found, stream);
+  void* device_scratch = nullptr;  // premul_sum's on device buffers: freed behind the call on its stream
+  if (call.op == ReduceOp::premul_sum) scaled = prescale(call, kind_found, stream, &device_scratch);
   const auto [kind, in, out, count, dt, op, root, scalar] = call;
   algo::Args a;
   a.in = static_cast<const std::byte*>(in);
@@ -440,6 +458,7 @@ Request Communicator<T>::issue(const Call& given, bool async, const device::Stre
     return r;
   }
   // Device buffers: the call is ordered on the stream (the default one without a stream).
+  const detail::FreeBehind scratch_goes{st.runtime, device_scratch, stream ? *stream : device::Stream{}};
   if (st.plan_inputs.kernel && algo::kernel_takes(kind) && st.takes_kernel(d))
     return kernel_call(d, a.in, a.out, stream, async);
   std::unique_lock lk(st.call_mu);  // the executor and its tickets are made and issued in call order

@@ -6,10 +6,11 @@
 // its descriptor keeps premul_sum, so a rank that calls sum where the others call premul_sum gets
 // `mismatch`. Where the input goes:
 //   all_reduce, and reduce at its root: into the output, which the call then reduces in place;
-//   reduce elsewhere, and reduce_scatter (host buffers): into scratch the request keeps.
+//   reduce elsewhere, and reduce_scatter: into scratch, which the request keeps (host buffers), or
+//   device memory from alloc_device_async, which Communicator::issue frees with free_device_async
+//   on the call's stream once the call is issued (stream-ordered: after the call is done with it).
 // Host buffers take a host scalar (read when the call is issued); device buffers take a host or
-// device scalar (the premul kernel reads a device one when the stream runs it), all_reduce only:
-// the others need scratch in device memory, which is not built yet (`unsupported`).
+// device scalar (the premul kernel reads a device one when the stream runs it).
 // Included at the bottom of impl/communicator.hpp.
 
 #include <cstddef>
@@ -23,7 +24,9 @@
 namespace chorus {
 
 template <class T>
-std::shared_ptr<std::vector<std::byte>> Communicator<T>::prescale(Call& call, MemoryKind kind, const device::Stream* stream) {
+std::shared_ptr<std::vector<std::byte>> Communicator<T>::prescale(Call& call, MemoryKind kind,
+                                                                  const device::Stream* stream,
+                                                                  void** device_scratch) {
   State& st = *s_;
   const algo::CollectiveDesc d = detail::desc_of(call);
   auto fail = [&](ErrorCode code, const std::string& why) { return Error(code, st.ctx(-1, algo::describe(d)), why); };
@@ -46,13 +49,23 @@ std::shared_ptr<std::vector<std::byte>> Communicator<T>::prescale(Call& call, Me
     call.in = scaled->data();
     return scaled;
   }
-  if (call.kind != CallKind::all_reduce)
-    throw fail(ErrorCode::unsupported,
-               "premul_sum on device buffers takes all_reduce only (reduce and reduce_scatter need device scratch "
-               "for the scaled input, not built yet)");
-  st.runtime->premul(call.dtype, call.out, call.in, call.count, call.scalar, scalar_on_device,
-                     stream ? *stream : device::Stream{});
-  call.in = call.out;
+  const device::Stream s = stream ? *stream : device::Stream{};
+  if (root_out) {
+    st.runtime->premul(call.dtype, call.out, call.in, call.count, call.scalar, scalar_on_device, s);
+    call.in = call.out;
+    return nullptr;
+  }
+  const std::size_t n =
+      call.kind == CallKind::reduce_scatter ? call.count * static_cast<std::size_t>(size()) : call.count;
+  void* scratch = st.runtime->alloc_device_async(n * size_of(call.dtype), s);
+  try {
+    st.runtime->premul(call.dtype, scratch, call.in, n, call.scalar, scalar_on_device, s);
+  } catch (...) {
+    st.runtime->free_device_async(scratch, s);
+    throw;
+  }
+  call.in = scratch;
+  *device_scratch = scratch;
   return nullptr;
 }
 

@@ -40,15 +40,16 @@
 ///   stream's worker has passed its record (timing events take the clock there).
 /// * Checks, at run time in the stream like compute-sanitizer: a copy or fill whose device side
 ///   is not inside one live device allocation, or whose host side is null or runs past a pinned
-///   buffer, fails with cudaErrorInvalidValue (1); a kernel (reduce, reduce_many, finalize_avg, premul) whose operands
-///   are not inside live device allocations fails with cudaErrorIllegalAddress (700). Arguments
+///   buffer, fails with cudaErrorInvalidValue (1); a kernel (reduce, reduce_many, finalize_avg, premul) whose
+///   operands are not inside live device allocations fails with cudaErrorIllegalAddress (700). Arguments
 ///   wrong at the call itself (unknown handles, a DataType or ReduceOp out of range, a flag not in
 ///   pinned memory) throw at the call.
 /// * Errors in a stream's work are sticky for that stream: the failing operation and everything
 ///   enqueued on the stream after it are skipped (their positions still pass, so nothing waits
 ///   forever), and every later query, synchronize and launch on the stream, or on an event
 ///   recorded on it, throws chorus::Error(system) "<call>: cudaErrorXxx (N): <what>".
-/// * free_device and free_pinned wait for the work enqueued before them, as cudaFree does.
+/// * free_device and free_pinned wait for the work enqueued before them, as cudaFree does;
+///   free_device_async frees when its stream reaches it (cudaFreeAsync), waiting for nothing else.
 /// * Kernels load lazily, as CUDA's do by default (CUDA_MODULE_LOADING=LAZY): until load_kernels(),
 ///   the first launch of each kernel (reduce and reduce_many per op and dtype, finalize_avg per
 ///   dtype, wait_flag, write_value, wait_value) loads it, and a load may wait for the whole device.
@@ -119,6 +120,8 @@ class SimRuntime final : public Runtime {
   MemoryKind kind_of(const void* p) override;
   void* alloc_device(std::size_t bytes) override;
   void free_device(void* p) override;
+  void* alloc_device_async(std::size_t bytes, Stream s) override;
+  void free_device_async(void* p, Stream s) override;
   void* alloc_pinned(std::size_t bytes) override;
   void free_pinned(void* p) override;
 
@@ -193,7 +196,19 @@ class SimRuntime final : public Runtime {
   struct StreamState;
   struct EventState;
   enum class OpKind {
-    copy, fill, reduce, reduce_many, finalize_avg, premul, wait_flag, write_value, wait_value, record, wait_event, collective
+    copy,
+    fill,
+    reduce,
+    reduce_many,
+    finalize_avg,
+    premul,
+    wait_flag,
+    write_value,
+    wait_value,
+    record,
+    wait_event,
+    collective,
+    free_memory  // free_device_async
   };
   struct Op {
     explicit Op(OpKind k) : kind(k) {}
@@ -287,6 +302,14 @@ class SimRuntime final : public Runtime {
   /// device_, without mu_ held: its pages go (a memfd's mapping is replaced and `fd` closed), then
   /// the range is free again.
   void release_range(std::size_t off, std::size_t span, int fd);
+  void unmap_pages(std::size_t off, std::size_t span, int fd);  ///< memory_rw_ held unique
+  void free_in_stream(StreamState& st, void* p, std::unique_lock<std::mutex>& lk);
+  void release_deferred(bool wait);
+  struct Deferred {
+    std::size_t off, span;
+    int fd;
+  };
+  std::vector<Deferred> deferred_;  ///< freed in a stream, pages not returned yet (release_deferred)
   void arena_give(std::size_t offset, std::size_t span);
   void apply_env();
 

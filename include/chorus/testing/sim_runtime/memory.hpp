@@ -58,6 +58,8 @@ CHORUS_DETAIL_SIM_INLINE SimRuntime::~SimRuntime() {
   for (auto& [p, bytes] : pinned_) std::free(reinterpret_cast<void*>(p));
   for (auto& [p, a] : device_)
     if (a.fd >= 0) ::close(a.fd);
+  for (const Deferred& d : deferred_)
+    if (d.fd >= 0) ::close(d.fd);
   ::munmap(arena_, arena_bytes_);
 }
 
@@ -196,25 +198,96 @@ CHORUS_DETAIL_SIM_INLINE void SimRuntime::free_device(void* p) {
     device_.erase(it);
   }
   release_range(off, span, fd);
+  release_deferred(true);
+}
+
+CHORUS_DETAIL_SIM_INLINE void* SimRuntime::alloc_device_async(std::size_t bytes, Stream s) {
+  {
+    std::lock_guard lk(mu_);
+    (void)stream_of(s, "cudaMallocAsync");  // an unknown stream is an error, as in CUDA
+  }
+  return alloc_device(bytes);  // usable at once, so by the stream's later work too
+}
+
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::free_device_async(void* p, Stream s) {
+  if (p == nullptr) return;
+  {
+    std::lock_guard lk(mu_);
+    auto it = device_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == device_.end() || it->second.imported)
+      throw detail::cuda_error(
+          "cudaFreeAsync", detail::kCudaInvalidValue,
+          detail::hex(p) + " is not the start of a live device allocation of this runtime");
+  }
+  Op op(OpKind::free_memory);
+  op.dst = p;
+  enqueue(s, "free_device_async", std::move(op));
+}
+
+/// The stream's worker at a free_device_async (mu_ held on entry and on return): the allocation
+/// stops being device memory at once (a later use fails its check); its pages go back when no
+/// operation holds memory_rw_ (now, or at a later free), since a collective kernel of another
+/// stream may hold it shared while it waits for work queued behind this free (a deadlock if the
+/// free waited for it).
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::free_in_stream(StreamState& st, void* p,
+                                                         std::unique_lock<std::mutex>& lk) {
+  auto it = device_.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == device_.end()) {
+    st.error = StreamError{
+        detail::kCudaInvalidValue,
+        detail::cuda_error_text("cudaFreeAsync", detail::kCudaInvalidValue,
+                                detail::hex(p) + " was freed before the stream reached its free")};
+    return;
+  }
+  const auto off = static_cast<std::size_t>(static_cast<std::byte*>(p) - arena_);
+  const std::size_t span = it->second.span;
+  const int fd = it->second.fd;
+  device_.erase(it);
+  deferred_.push_back({off, span, fd});
+  lk.unlock();
+  release_deferred(false);
+  lk.lock();
+}
+
+/// Returns the pages of the in-stream frees not yet returned, waiting for memory_rw_ (`wait`), or
+/// only if no operation holds it.
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::release_deferred(bool wait) {
+  std::unique_lock wr(memory_rw_, std::defer_lock);
+  if (wait) {
+    wr.lock();
+  } else if (!wr.try_lock()) {
+    return;
+  }
+  std::lock_guard lk(mu_);
+  for (const Deferred& d : deferred_) {
+    unmap_pages(d.off, d.span, d.fd);
+    if (d.fd >= 0) ::close(d.fd);
+    arena_give(d.off, d.span);
+  }
+  deferred_.clear();
 }
 
 CHORUS_DETAIL_SIM_INLINE void SimRuntime::release_range(std::size_t off, std::size_t span, int fd) {
-  const std::size_t used = span - page_;
   {
     // No operation that passed its check on this range is still running.
     std::unique_lock wr(memory_rw_);
-    if (fd >= 0) {
-      // A memfd's mapping (exported or opened): the reservation's inaccessible anonymous mapping
-      // goes back over it; the memfd's pages stay while another process maps them.
-      ::mmap(arena_ + off, used, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    } else {
-      ::madvise(arena_ + off, used, MADV_DONTNEED);
-      ::mprotect(arena_ + off, used, PROT_NONE);
-    }
+    unmap_pages(off, span, fd);
   }
   if (fd >= 0) ::close(fd);
   std::lock_guard lk(mu_);
   arena_give(off, span);
+}
+
+CHORUS_DETAIL_SIM_INLINE void SimRuntime::unmap_pages(std::size_t off, std::size_t span, int fd) {
+  const std::size_t used = span - page_;
+  if (fd >= 0) {
+    // A memfd's mapping (exported or opened): the reservation's inaccessible anonymous mapping
+    // goes back over it; the memfd's pages stay while another process maps them.
+    ::mmap(arena_ + off, used, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  } else {
+    ::madvise(arena_ + off, used, MADV_DONTNEED);
+    ::mprotect(arena_ + off, used, PROT_NONE);
+  }
 }
 
 // --- pinned memory -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ constexpr std::string_view sim_call_name(std::string_view call) noexcept {
   if (call == "premul") return "premul_async";
   if (call == "wait_flag" || call == "write_value" || call == "wait_value" || call == "collective") return "cudaLaunchKernel";
   if (call == "alloc_device") return "cudaMalloc";
+  if (call == "free_device_async") return "cudaFreeAsync";
   if (call == "alloc_pinned") return "cudaHostAlloc";
   if (call == "create_stream") return "cudaStreamCreateWithFlags";
   if (call == "create_event") return "cudaEventCreateWithFlags";
@@ -70,7 +71,8 @@ CHORUS_DETAIL_SIM_INLINE void SimRuntime::enqueue(Stream s, std::string_view cal
   std::lock_guard lk(mu_);
   auto st = stream_of(s, detail::sim_call_name(call));
   throw_if_failed(*st);
-  if (op.kind != OpKind::copy && op.kind != OpKind::fill) load_on_launch(op, call);
+  if (op.kind != OpKind::copy && op.kind != OpKind::fill && op.kind != OpKind::free_memory)
+    load_on_launch(op, call);
   if (holds_stream(op.kind)) ++st->holds;
   op.inject = take_injection(call);
   if (auto it = stalls_.find(call); it != stalls_.end() && --it->second.first == 0) {
@@ -198,6 +200,13 @@ CHORUS_DETAIL_SIM_INLINE void SimRuntime::execute(StreamState& st, Op& op, std::
         return;
       }
       run_collective(st, op, lk);
+      return;
+    case OpKind::free_memory:
+      if (op.inject != 0) {
+        st.error = StreamError{op.inject, detail::cuda_error_text("cudaFreeAsync", op.inject, "injected")};
+        return;
+      }
+      free_in_stream(st, op.dst, lk);
       return;
     case OpKind::write_value:
     case OpKind::wait_value:
