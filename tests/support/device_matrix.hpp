@@ -9,6 +9,7 @@
 /// (whose inputs make every reduction order give the same bits), the other ranks' inputs for the
 /// data-movement collectives.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -244,9 +245,10 @@ struct Runner {
 };
 
 /// The whole matrix on `comm` (slices of 512 bytes, so the small counts already pipeline), with
-/// buffers of `rt`.
+/// buffers of `rt`: the dtypes of this build (runs_dtype), or those of `only` where given.
 template <class Comm>
-void run_all(Comm& comm, chorus::device::Runtime& rt, const std::string& where, bool threads = false) {
+void run_all(Comm& comm, chorus::device::Runtime& rt, const std::string& where, bool threads = false,
+             std::span<const DataType> only = {}) {
   const int world = comm.size();
   comm.set_device_runtime(&rt);
   const Stream stream = rt.create_stream();
@@ -255,8 +257,10 @@ void run_all(Comm& comm, chorus::device::Runtime& rt, const std::string& where, 
   const int root = world - 1;
   const std::size_t large = chorus::test::kSanitized ? 4099 : 40009;
   for (DataType dt : chorus::kAllDataTypes) {
-    if (!chorus::test::runs_dtype(dt))
-      continue;  // six of the twelve under ASan, four under TSan (sanitized.hpp)
+    if (only.empty()
+            ? !chorus::test::runs_dtype(dt)  // six of the twelve under ASan, four under TSan (sanitized.hpp)
+            : std::find(only.begin(), only.end(), dt) == only.end())
+      continue;
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{1000}, large}) {
       if (count == large && dt != DataType::float32 && dt != DataType::bfloat16 && dt != DataType::int64) continue;
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg, ReduceOp::band,
