@@ -35,6 +35,9 @@ std::shared_ptr<std::vector<std::byte>> Communicator<T>::prescale(Call& call, Me
                "premul_sum needs its scalar (Call::scalar: one element of " + std::string(to_string(call.dtype)) + ")");
   const bool scalar_on_device = st.runtime && st.runtime->kind_of(call.scalar) == MemoryKind::device;
   const bool root_out = call.kind == CallKind::all_reduce || (call.kind == CallKind::reduce && call.root == rank());
+  // Elements scaled into scratch where the output cannot take them.
+  const std::size_t n =
+      call.kind == CallKind::reduce_scatter ? call.count * static_cast<std::size_t>(size()) : call.count;
   if (kind == MemoryKind::host && !stream) {
     if (scalar_on_device)
       throw fail(ErrorCode::invalid_argument, "premul_sum on host buffers takes its scalar in host memory; it is in device memory");
@@ -43,7 +46,6 @@ std::shared_ptr<std::vector<std::byte>> Communicator<T>::prescale(Call& call, Me
       call.in = call.out;
       return nullptr;
     }
-    const std::size_t n = call.kind == CallKind::reduce_scatter ? call.count * static_cast<std::size_t>(size()) : call.count;
     auto scaled = std::make_shared<std::vector<std::byte>>(n * size_of(call.dtype));
     chorus::premul(call.dtype, scaled->data(), call.in, n, call.scalar);
     call.in = scaled->data();
@@ -55,8 +57,6 @@ std::shared_ptr<std::vector<std::byte>> Communicator<T>::prescale(Call& call, Me
     call.in = call.out;
     return nullptr;
   }
-  const std::size_t n =
-      call.kind == CallKind::reduce_scatter ? call.count * static_cast<std::size_t>(size()) : call.count;
   void* scratch = st.runtime->alloc_device_async(n * size_of(call.dtype), s);
   try {
     st.runtime->premul(call.dtype, scratch, call.in, n, call.scalar, scalar_on_device, s);
