@@ -2,14 +2,14 @@
 #pragma once
 /// The v-collectives: a count (and optionally a displacement) per rank, as MPI's MPI_Gatherv,
 /// MPI_Scatterv, MPI_Allgatherv and MPI_Reduce_scatter, over a communicator's point-to-point
-/// operations (host buffers; all_to_all_v is in all_to_all_v.hpp).
+/// operations (host buffers, and device buffers staged through host memory: below; all_to_all_v is
+/// in all_to_all_v.hpp).
 ///
 ///   // rank r contributes counts[r] elements; every rank receives them all, block r at displs[r]
-///   chorus::all_gather_v(comm, in.data(), counts[comm.rank()], out.data(), counts, {},
-///   chorus::DataType::float32);
+///   const auto f32 = chorus::DataType::float32;
+///   chorus::all_gather_v(comm, in.data(), counts[comm.rank()], out.data(), counts, {}, f32);
 ///   // rank r receives block r (counts[r] elements) of the element-wise reduction of every rank's in
-///   chorus::reduce_scatter_v(comm, in.data(), out.data(), counts, chorus::DataType::float32,
-///   chorus::ReduceOp::sum);
+///   chorus::reduce_scatter_v(comm, in.data(), out.data(), counts, f32, chorus::ReduceOp::sum);
 ///
 /// counts and displs count elements, one entry per rank. An empty displs places the blocks back to
 /// back in rank order; given, it must have one entry per rank and the blocks must fit where they
