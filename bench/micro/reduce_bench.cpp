@@ -3,7 +3,7 @@
 // buffers of 4 KiB, 256 KiB, 4 MiB and 64 MiB each (L1, L2, L3, memory on most machines), against
 // a memcpy of the same buffer size as the baseline; every dtype with every op (prod, min and max
 // at 256 KiB and 64 MiB only), avg's final division, and float32 sum in place (a op= b, the
-// in_place_reduce_speedup of the simulator's model, include/chorus/sim/network.hpp).
+// in_place_reduce_speedup of the simulator's model, sim/include/chorus/sim/network.hpp).
 //
 // Bytes processed count what the call reads and writes: 3 x buffer bytes for a reduction (a, b
 // read, out written), 2 x for memcpy. So GB/s compares directly with the machine's bandwidth.

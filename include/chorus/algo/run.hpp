@@ -18,7 +18,7 @@
 namespace chorus::algo {
 
 /// `Ch`: the communicator's Channel<T>, or any type with its interface (sim::Channel runs the same
-/// switch over a simulated network: include/chorus/sim/).
+/// switch over a simulated network: sim/include/chorus/sim/).
 template <class Ch>
 void run(Ch& ch, const CollectiveDesc& desc, const Args& args, const Choice& choice, int group_size,
          const topology::Hosts& hosts) {

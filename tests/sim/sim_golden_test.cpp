@@ -13,7 +13,7 @@
 #include <string>
 
 #include "chorus/sim/collective.hpp"
-#include "sim/common/preset.hpp"
+#include "chorus/sim/preset.hpp"
 
 namespace {
 
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const sim::NetworkModel model = chorus::bench::sim::load_preset(argv[1]);
+    const sim::NetworkModel model = chorus::sim::load_preset(argv[1]);
     const sim::Layout layout{8, 8};
     const auto in = sim::plan_inputs(model, layout);
     sim::Engine engine(model, layout);

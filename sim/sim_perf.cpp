@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 /// sim_perf: chorus's own collective algorithms, run for H hosts x L virtual ranks over a
-/// simulated network (include/chorus/sim/), printed as nccl-tests rows with the simulated time.
+/// simulated network (sim/include/chorus/sim/), printed as nccl-tests rows with the simulated time.
 ///
-///   sim_perf --preset bench/sim/presets/namespace-hosts-1gbit.json --hosts 8 --ranks-per-host 8
+///   sim_perf --preset sim/presets/namespace-hosts-1gbit.json --hosts 8 --ranks-per-host 8
 ///            --collective all_reduce -b 8 -e 1G -f 4 [--algo all] [-J out.json]
 ///
 /// For every size: a row per algorithm that can run the collective at that layout (--algo all,
@@ -41,7 +41,7 @@
 
 #include "chorus/detail/env.hpp"
 #include "chorus/sim/collective.hpp"
-#include "sim/common/preset.hpp"
+#include "chorus/sim/preset.hpp"
 
 namespace {
 
@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
   std::string preset, collective = "all_reduce", algo = "all", dtype_name = "float32", json_path, min_s = "8", max_s = "1G";
   int hosts = 1, local = 1, jobs = 1, calls = 1;
   std::size_t factor = 4, stack_kib = 32;
-  app.add_option("--preset", preset, "network model (JSON, bench/sim/presets/)")->required();
+  app.add_option("--preset", preset, "network model (JSON, sim/presets/)")->required();
   app.add_option("--hosts", hosts, "hosts")->check(CLI::PositiveNumber);
   app.add_option("--ranks-per-host", local, "ranks per host")->check(CLI::PositiveNumber);
   app.add_option("--collective", collective, "all_reduce, reduce_scatter, all_gather, broadcast, reduce")->capture_default_str();
@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
 
   const auto wall0 = std::chrono::steady_clock::now();
   try {
-    const sim::NetworkModel model = chorus::bench::sim::load_preset(preset);
+    const sim::NetworkModel model = chorus::sim::load_preset(preset);
     model.check();
     const CollectiveKind kind = parse_kind(collective);
     const auto dtype = chorus::parse_data_type(dtype_name);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-/// Reads a network model (sim/network.hpp) from a JSON preset (bench/sim/presets/). Units are in
+/// Reads a network model (network.hpp) from a JSON preset (sim/presets/). Units are in
 /// the key names; every key of the file must be known (a misspelt one is an error, not a default):
 ///
 ///   { "name": "...", "source": "where each figure comes from",
@@ -12,7 +12,7 @@
 ///     "hosts_share_cores": false,
 ///     "wake_us": 5, "core_queues": false }
 ///
-/// The last seven (the host: sim/network.hpp) are optional; left out, a call has no cache tier and
+/// The last seven (the host: network.hpp) are optional; left out, a call has no cache tier and
 /// every rank its own core.
 ///
 /// GBps is 1e9 bytes/s; "bandwidth_Gbitps" may stand for "bandwidth_GBps" (1e9 bits/s).
@@ -25,9 +25,9 @@
 #include "chorus/core/error.hpp"
 #include "chorus/sim/network.hpp"
 
-namespace chorus::bench::sim {
+namespace chorus::sim {
 
-inline chorus::sim::NetworkModel load_preset(const std::string& path) {
+inline NetworkModel load_preset(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw Error(ErrorCode::invalid_argument, "sim preset '" + path + "' cannot be opened");
   nlohmann::json j;
@@ -92,4 +92,4 @@ inline chorus::sim::NetworkModel load_preset(const std::string& path) {
   return m;
 }
 
-}  // namespace chorus::bench::sim
+}  // namespace chorus::sim

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "chorus/sim/collective.hpp"
-#include "sim/common/preset.hpp"
+#include "chorus/sim/preset.hpp"
 
 namespace {
 
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   }
   try {
     for (const char* p : {"this-machine-shm", "this-machine-tcp", "namespace-hosts-1gbit"}) {
-      const sim::NetworkModel m = chorus::bench::sim::load_preset(std::string(argv[1]) + "/" + p + ".json");
+      const sim::NetworkModel m = chorus::sim::load_preset(std::string(argv[1]) + "/" + p + ".json");
       check(m.cache_bytes > 0, std::string(p) + ": loads, with a cache tier of " + std::to_string(m.cache_bytes) + " bytes");
     }
     sim::NetworkModel plain;

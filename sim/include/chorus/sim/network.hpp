@@ -2,7 +2,7 @@
 #pragma once
 /// The simulator's network model (docs/performance.md, "Simulated at scale"): what a message
 /// costs between two virtual ranks, in virtual seconds. Parameters come from a JSON preset
-/// (bench/sim/presets/, parsed by bench/sim/common/preset.hpp); this header holds no parser.
+/// (sim/presets/, parsed by sim/include/chorus/sim/preset.hpp); this header holds no parser.
 ///
 /// Link classes
 /// * inside a host (`intra`: shm, or a GPU interconnect): every rank has a port, a tx side and
