@@ -24,6 +24,7 @@
 #include "chorus/algo/intranode/window_owner.hpp"
 #include "chorus/algo/plan.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/bootstrap/store_gather.hpp"
 #include "chorus/core/tag.hpp"
 #include "chorus/detail/env.hpp"
 #include "chorus/detail/log.hpp"
@@ -75,8 +76,8 @@ struct Communicator<T>::State {
 
   /// Which ranks share a host, and the models of the links inside and between hosts, alike on
   /// every rank: each rank publishes its host identity (Options::host_id, else detail::host_id) in
-  /// the communicator's store and reads the others'; then its own links' models, of which every
-  /// rank takes the slowest (algo::HostModels::combine).
+  /// the communicator's store and reads the others' (store_all_gather: O(n) requests); then its own
+  /// links' models, of which every rank takes the slowest (algo::HostModels::combine).
   void exchange_layout() {
     algo::PlanInputs& in = plan_inputs;
     const int n = group.size();
@@ -84,12 +85,8 @@ struct Communicator<T>::State {
     in.links = algo::host_models(*transport, group, in.hosts, algo::net_bandwidth_from_env());
     if (n <= 1) return;
     auto all = [&](const std::string& what, const std::string& mine) {
-      boot.store->set("topology/" + what + "/" + std::to_string(group.rank), mine);
-      std::vector<std::string> v(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r)
-        v[static_cast<std::size_t>(r)] =
-            r == group.rank ? mine : boot.store->get("topology/" + what + "/" + std::to_string(r), boot.options.setup_bound());
-      return v;
+      return store_all_gather(*boot.store, "topology/" + what, group.rank, n, mine,
+                              boot.options.setup_bound());
     };
     const std::vector<std::string> ids =
         all("host", boot.options.host_id.empty() ? chorus::detail::host_id(ctx(-1, "init")) : "id:" + boot.options.host_id);
@@ -109,13 +106,8 @@ struct Communicator<T>::State {
   void make_standby() {
     standby = detail::Standby::make(boot);
     if (standby->shared()) return;
-    const int n = boot.size;
-    std::vector<std::string> v(static_cast<std::size_t>(n));
-    const std::string mine = standby->address();
-    if (n > 1) boot.store->set("standby/" + std::to_string(boot.rank), mine);
-    for (int r = 0; r < n; ++r)
-      v[static_cast<std::size_t>(r)] = r == boot.rank ? mine : boot.store->get("standby/" + std::to_string(r), boot.options.setup_bound());
-    standby->set_addresses(v);
+    standby->set_addresses(store_all_gather(*boot.store, "standby", boot.rank, boot.size, standby->address(),
+                                            boot.options.setup_bound()));
   }
   exec::HostExecutor host_exec;  ///< copies, reductions and scratch of host buffers
   std::shared_ptr<algo::ChannelMemory> channel_memory;  ///< reused by each call's Channel

@@ -38,12 +38,13 @@
 #include <vector>
 
 #include "chorus/bootstrap/rendezvous.hpp"
+#include "chorus/bootstrap/store_gather.hpp"
 #include "chorus/config.hpp"
 #include "chorus/core/concepts.hpp"
 #include "chorus/core/cost_model.hpp"
-#include "chorus/transport/peer_info.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/device/runtime.hpp"
+#include "chorus/transport/peer_info.hpp"
 #include "chorus/transport/registry.hpp"
 
 namespace chorus::hybrid {
@@ -255,24 +256,22 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   const auto n = static_cast<std::size_t>(size_);
   peers.resize(n, false);
   peers[static_cast<std::size_t>(rank_)] = false;
-  // Exchange PeerInfo (every rank, so the decision is the same at both ends of each pair).
-  // One deadline for all peers: the whole exchange is bounded by the timeout, not each get.
-  const auto deadline = std::chrono::steady_clock::now() + b.options.setup_bound();
+  // Exchange PeerInfo (every rank, so the decision is the same at both ends of each pair), as one
+  // card per rank through store_all_gather (O(n) store requests in all): "<disabled>\n<host>"
+  // (the disabled names never hold a newline, a host id may), then the facts of the candidates
+  // that publish one, in registry order.
   PeerInfo me{rank_, chorus::detail::host_id(ctx), {}};
-  // "<disabled>\n<host>": the disabled names never hold a newline, a host id may.
-  b.store->set("hybrid/host/" + std::to_string(rank_), disabled_text + "\n" + me.host);
-  // The facts of the candidates that publish one (in registry order; "" for none).
-  [[maybe_unused]] auto fact_key = [](std::string_view name, int r) {
-    return "hybrid/fact/" + std::string(name) + "/" + std::to_string(r);
-  };
+  std::vector<std::string> card{disabled_text + "\n" + me.host};
   (
       [&] {
         if constexpr (detail::PublishesFact<Ts>) {
           me.facts.emplace_back(std::string(Ts::kName), Ts::local_fact(ctx));
-          b.store->set(fact_key(Ts::kName, rank_), me.facts.back().second);
+          card.push_back(me.facts.back().second);
         }
       }(),
       ...);
+  const std::vector<std::string> cards = store_all_gather(
+      *b.store, "hybrid/card", rank_, size_, chorus::detail::encode_strings(card), b.options.setup_bound());
   // ": why" of the forced candidate k, where it says why it cannot connect a pair (why_not).
   auto why_not = [](std::size_t k, const PeerInfo& a, const PeerInfo& c) {
     std::string s;
@@ -289,15 +288,14 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   std::vector<std::size_t> choice(n, kCount);
   for (int p = 0; p < size_; ++p) {
     if (!peers[static_cast<std::size_t>(p)]) continue;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    std::string host = b.store->get("hybrid/host/" + std::to_string(p), std::max(left, std::chrono::milliseconds(1)));
+    std::vector<std::string> theirs = chorus::detail::decode_strings(
+        cards[static_cast<std::size_t>(p)], card.size(), "transport: rank " + std::to_string(p) + "'s card");
+    std::string& host = theirs[0];
     const std::string peer_disabled = host.substr(0, host.find('\n'));
     host.erase(0, std::min(host.size(), peer_disabled.size() + 1));
     PeerInfo peer{p, std::move(host), {}};
-    for (const auto& [name, mine] : me.facts) {
-      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      peer.facts.emplace_back(name, b.store->get(fact_key(name, p), std::max(wait, std::chrono::milliseconds(1))));
-    }
+    for (std::size_t i = 0; i < me.facts.size(); ++i)
+      peer.facts.emplace_back(me.facts[i].first, std::move(theirs[i + 1]));
     const std::array<bool, kCount> can{Ts::can_connect(me, peer)...};
     std::size_t c = forced;
     if (forced == kCount) {

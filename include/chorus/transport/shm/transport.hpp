@@ -184,11 +184,15 @@ inline void Transport::connect(const Bootstrap& b, const std::vector<bool>& peer
     b.store->set("shm/listening/" + std::to_string(rank_), "1");
   }
 
-  // Connect to every lower peer; it answers with the segment.
+  // Connect to every lower peer, once all of them listen (one store request); each answers with
+  // the segment.
+  std::vector<std::string> lower;
+  for (int p = 0; p < rank_; ++p)
+    if (peers[static_cast<std::size_t>(p)]) lower.push_back("shm/listening/" + std::to_string(p));
+  if (!lower.empty()) b.store->wait(lower, remaining());
   for (int p = 0; p < rank_; ++p) {
     if (!peers[static_cast<std::size_t>(p)]) continue;
     const ErrorContext pctx{rank_, p, "shm connect"};
-    b.store->get("shm/listening/" + std::to_string(p), remaining());
     detail::Fd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!s) detail::throw_errno(pctx, "socket(AF_UNIX)");
     socklen_t len = 0;
