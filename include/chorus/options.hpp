@@ -37,6 +37,11 @@ struct Options {
   /// pair that nothing left can connect is invalid_argument, and so is forcing (`transport`) a
   /// disabled one. Transports other than "auto" (hybrid) ignore it.
   std::vector<std::string> transport_disable;
+  /// When tcp's links are made (CHORUS_CONNECT): "lazy", a link when a call first sends over it
+  /// (a ring or tree job holds links to the ranks it exchanges with only), or "eager", every link
+  /// at creation (a peer that cannot be reached then fails the creation, not a later call).
+  /// shm, rdma and cuda_ipc connect their links at creation either way.
+  std::string connect = "lazy";
   /// Bound on every wait (CHORUS_TIMEOUT, seconds). Default 300 s.
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
   /// Interfaces whose address links listen on (CHORUS_SOCKET_IFNAME), as NCCL_SOCKET_IFNAME
@@ -83,7 +88,7 @@ struct Options {
     return names;
   }
 
-  /// Reads CHORUS_TRANSPORT, CHORUS_TRANSPORT_DISABLE, CHORUS_TIMEOUT, CHORUS_SOCKET_IFNAME,
+  /// Reads CHORUS_TRANSPORT, CHORUS_TRANSPORT_DISABLE, CHORUS_CONNECT, CHORUS_TIMEOUT, CHORUS_SOCKET_IFNAME,
   /// CHORUS_JOB_TOKEN, CHORUS_ALGO, CHORUS_CHUNK_BYTES, CHORUS_SHRINK_WAIT. Rank, world
   /// size and the init method are resolved at rendezvous (bootstrap/launch_env.hpp). A value that
   /// does not parse throws invalid_argument naming the variable.
@@ -100,6 +105,11 @@ struct Options {
         throw Error(ErrorCode::invalid_argument,
                     "CHORUS_TRANSPORT='" + *v + "' is not one of auto, tcp, shm, rdma, cuda_ipc");
       transport = *v;
+    }
+    if (auto v = detail::env_string("CHORUS_CONNECT")) {
+      if (*v != "lazy" && *v != "eager")
+        throw Error(ErrorCode::invalid_argument, "CHORUS_CONNECT='" + *v + "' is not one of lazy, eager");
+      connect = *v;
     }
     if (auto v = detail::env_string("CHORUS_TIMEOUT")) timeout = detail::parse_seconds(*v, "CHORUS_TIMEOUT");
     if (auto v = detail::env_string("CHORUS_TRANSPORT_DISABLE"))

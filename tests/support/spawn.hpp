@@ -155,6 +155,18 @@ struct ThreadOptions {
 /// Bounded by the bodies themselves: every chorus call in them is bounded by the timeout.
 void run_threads(int n, const RankBody& body, ThreadOptions topt = {});
 
+/// A barrier through the store the ranks share, not over their links (so it makes no connection
+/// and takes no part in what a test counts of them): every rank of `n` but `skip` has reached
+/// `what`. Bounded by `timeout` (the store's timeout error).
+inline void store_barrier(chorus::Store& store, const std::string& what, int rank, int n, int skip = -1,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  store.set("test/" + what + "/" + std::to_string(rank), "1");
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r)
+    if (r != skip) keys.push_back("test/" + what + "/" + std::to_string(r));
+  store.wait(keys, timeout);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Ranks as processes
 

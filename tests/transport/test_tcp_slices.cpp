@@ -74,6 +74,7 @@ TEST_CASE("tcp link: a clear-to-send leaves between the slices of a long message
   b.size = 2;
   b.store = store;
   b.options.timeout = 30s;
+  b.options.connect = "eager";  // the peer below connects as an eager link's higher rank does
   b.nonce.fill(0x21);
 
   std::vector<std::byte> big(kBig), back(kBack);

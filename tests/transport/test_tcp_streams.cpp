@@ -163,15 +163,29 @@ TEST_CASE("CHORUS_SOCKETS_PER_PEER: invalid values fail the creation, naming the
   }
 }
 
+// Eager links: at creation. Lazy ones (the default): at the first call over the link, which fails
+// on both ranks.
 TEST_CASE("CHORUS_SOCKETS_PER_PEER: ranks with different values both fail, naming both") {
   chorus::test::ProcessOptions popt;
   popt.comm_timeout = std::chrono::seconds(20);
+  std::string connect;
+  SUBCASE("eager links") { connect = "eager"; }
+  SUBCASE("lazy links") { connect = "lazy"; }
+  CAPTURE(connect);
   chorus::test::run_processes(
       2,
       [&](int rank, chorus::Options o) {
         ::setenv("CHORUS_SOCKETS_PER_PEER", rank == 0 ? "2" : "4", 1);
-        auto e = chorus::test::expect_error(chorus::ErrorCode::invalid_argument, [&] { (void)Comm::create(std::move(o)); },
-                                            "create");
+        o.connect = connect;
+        auto e = chorus::test::expect_error(
+            chorus::ErrorCode::invalid_argument,
+            [&] {
+              auto comm = Comm::create(std::move(o));
+              int v = 1;
+              if (rank == 0) comm.send(std::span(&v, 1), 1, 0);
+              if (rank == 1) comm.recv(std::span(&v, 1), 0, 0);
+            },
+            connect == "eager" ? "create" : "the first call over the link");
         const std::string w = e.what();
         expect(w.find("CHORUS_SOCKETS_PER_PEER differs") != std::string::npos && w.find('2') != std::string::npos &&
                    w.find('4') != std::string::npos,

@@ -58,5 +58,12 @@ inline constexpr Tag kTagClassError = Tag(4) << 40;
 inline constexpr Tag kSeqMask = (Tag(1) << 32) - 1;  ///< bits 31..0: the call's sequence number
 inline constexpr int kLaneShift = 32;                  ///< bits 39..32: the lane (see Channel)
 
+/// Whether `t` is the tag of an error notice (diag/herald.hpp): the receives of those are posted
+/// on every link at creation and need no connection of their own (tcp's lazy links do not
+/// connect for them).
+inline constexpr bool is_notice_tag(Tag t) {
+  return (t & detail::kInternalTagBit) != 0 && (t & (Tag(0x7f) << 40)) == kTagClassError;
+}
+
 }  // namespace algo
 }  // namespace chorus

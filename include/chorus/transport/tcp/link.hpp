@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "chorus/core/concepts.hpp"
+#include "chorus/core/tag.hpp"
 #include "chorus/detail/asio.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/transport/matching.hpp"
@@ -164,6 +165,8 @@ struct ActiveRecv {
   std::uint64_t received = 0;  ///< bytes of the slices announced so far (unstriped messages)
 };
 
+class LazyLinks;
+
 }  // namespace detail
 
 class Link {
@@ -193,12 +196,14 @@ class Link {
   int streams() const { return 1 + static_cast<int>(extra_.size()); }
 
   Request isend(ConstBytes data, Tag tag) {
+    if (!up_.load(std::memory_order_acquire)) ask_for_connection();
     auto req = make_request("send", tag, data.size);
     start([this, data, tag, req] { start_send(data, tag, req); });
     return Request(req);
   }
 
   Request irecv(MutableBytes data, Tag tag) {
+    if (!up_.load(std::memory_order_acquire) && !algo::is_notice_tag(tag)) ask_for_connection();
     auto req = make_request("recv", tag, data.size);
     start([this, data, tag, req] { start_recv(detail::RecvOp{data, req, tag}); });
     return Request(req);
@@ -238,6 +243,21 @@ class Link {
   /// Stream `i`'s socket (0: the one that carries every frame but striped data).
   chorus::detail::asio_tcp::socket& socket(int i = 0) {
     return i == 0 ? socket_ : extra_[static_cast<std::size_t>(i - 1)]->socket;
+  }
+
+  /// A lazy link (CHORUS_CONNECT=lazy, detail/lazy_links.hpp) is made unconnected; its first send
+  /// or receive (but an error notice's) asks `lazy` for the connection, so that a rank waiting on
+  /// a peer hears of its end as over an eager link; frames wait in the queue until connected(),
+  /// which starts reading and writes them.
+  void set_unconnected(detail::LazyLinks& lazy) {
+    lazy_ = &lazy;
+    up_.store(false, std::memory_order_release);
+  }
+  bool is_connected() const { return up_.load(std::memory_order_acquire); }
+  void connected() {
+    up_.store(true, std::memory_order_release);
+    start();
+    write_next();
   }
 
   /// Starts reading frames; called once the handshakes are done.
@@ -296,6 +316,8 @@ class Link {
   }
 
   void start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req);
+  /// Asks lazy_ for the connection (detail/lazy_links.hpp; any thread, once per link).
+  void ask_for_connection();
 
   struct PendingSend {
     ConstBytes data;
@@ -428,6 +450,8 @@ class Link {
   asio_tcp::socket socket_;
   chorus::detail::RequestFactory requests_;  ///< pooled request states, naming the engine
   chorus::detail::DriveToken& token_;
+  detail::LazyLinks* lazy_ = nullptr;  ///< where a lazy link asks for its connection
+  std::atomic<bool> up_{true};         ///< connected (false for a lazy link until it is)
   /// start()s posted and not yet run: while any is, later ones are posted behind it. Changed
   /// under the token (or by the posting thread before it posts).
   std::atomic<int> queued_starts_{0};
@@ -468,6 +492,7 @@ class Link {
 
 }  // namespace chorus::tcp
 
-// The bodies of the way out and the way in.
+// The bodies of the way out and the way in, and the lazy links' set-up.
+#include "chorus/transport/tcp/detail/lazy_links.hpp"
 #include "chorus/transport/tcp/detail/link_receive.hpp"
 #include "chorus/transport/tcp/detail/link_send.hpp"

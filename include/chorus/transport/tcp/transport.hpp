@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
-/// tcp::Transport: a TCP connection to every peer, over Boost.Asio, driven by the thread that waits
-/// (a background thread stands in for work nobody waits on; transport/progress.hpp).
+/// tcp::Transport: a TCP connection to each peer it exchanges with, over Boost.Asio, driven by the
+/// thread that waits (a background thread stands in for work nobody waits on;
+/// transport/progress.hpp).
 ///
 /// Connection set-up: every rank listens on one address (CHORUS_SOCKET_IFNAME, or the one that
-/// routes to the master host) on an ephemeral port and publishes "address port" in the store;
-/// rank r connects to every rank below it and accepts from every rank above it. Each connection
-/// opens with the handshake of detail/handshake.hpp (magic, version, the job nonce, the ranks
-/// at both ends, and with CHORUS_JOB_TOKEN a challenge-response); a connection that fails it is
-/// refused and logged and the rank keeps accepting. The listening socket is closed once all peers
-/// are connected, so nothing listens for the rest of the job.
+/// routes to the master host) on an ephemeral port and publishes "address port" in the store.
+/// By default (CHORUS_CONNECT=lazy) that is all creation does: a link is connected when a call
+/// first sends over it, and the socket listens for the transport's life (detail/lazy_links.hpp).
+/// With CHORUS_CONNECT=eager, rank r connects to every rank below it and accepts from every rank
+/// above it at creation. Each connection opens with the handshake of detail/handshake.hpp (magic,
+/// version, the job nonce, the ranks at both ends, and with CHORUS_JOB_TOKEN a challenge-response);
+/// a connection that fails it is refused and logged and the rank keeps accepting. Eager, the
+/// listening socket is closed once all peers are connected, so nothing listens for the rest of
+/// the job.
 ///
 /// With CHORUS_SOCKETS_PER_PEER=K (detail/socket.hpp) each link is K connections, made the same
 /// way; after the handshake the connecting side sends its stream hello (u32 stream index, u32 K,
@@ -91,11 +95,19 @@ inline Transport::Transport(const Bootstrap& b, std::vector<bool> peers)
       engine_->links[p] =
           std::make_unique<Link>(rank_, p, engine_->io, b.options.timeout, weak_driver, engine_->token, streams_);
   const auto tuning = chorus::detail::SocketTuning::from_env();  // a bad value fails before connecting
-  if (std::find(peers_.begin(), peers_.end(), true) != peers_.end()) connect_all(b);
-  for (auto& l : engine_->links) {
-    if (!l) continue;
-    for (int i = 0; i < streams_; ++i) detail::tune_socket(l->socket(i), tuning);
-    l->start();
+  const bool any = std::find(peers_.begin(), peers_.end(), true) != peers_.end();
+  if (any && b.options.connect != "eager") {  // links made on first use (detail/lazy_links.hpp)
+    engine_->lazy = std::make_unique<detail::LazyLinks>(b, engine_->links, engine_->io, streams_);
+    for (auto& l : engine_->links)
+      if (l) l->set_unconnected(*engine_->lazy);
+    engine_->lazy->start();
+  } else if (any) {
+    connect_all(b);
+    for (auto& l : engine_->links) {
+      if (!l) continue;
+      for (int i = 0; i < streams_; ++i) detail::tune_socket(l->socket(i), tuning);
+      l->start();
+    }
   }
   engine_->work.emplace(engine_->io.get_executor());
   start_progress_thread();

@@ -32,6 +32,9 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
   std::vector<std::unique_ptr<Link>> links;  ///< by peer; null at this rank's own index
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::thread thread;
+  /// The set-up of links made on first use (CHORUS_CONNECT=lazy; detail/lazy_links.hpp): here, so
+  /// that it outlives the handlers that the progress thread runs to the end; null when eager.
+  std::unique_ptr<LazyLinks> lazy;
 
   /// Fails every link (from any thread; at once when called on the thread that runs the
   /// io_context, so that an error reported by a peer wins over the connection closes that follow
@@ -43,9 +46,13 @@ struct Engine final : chorus::detail::DrivenEngine<Engine> {
     });
   }
 
-  /// The transport goes: without the work guard, the io_context's run() ends once what is left
+  /// The transport goes: the lazy links' listening socket and the connections being made close;
+  /// without the work guard, the io_context's run() ends once what is left
   /// (the closes) has run.
-  void on_stop() { work.reset(); }
+  void on_stop() {
+    if (lazy) asio::post(io, [l = lazy.get()] { l->shutdown(); });  // runs before what is left ends
+    work.reset();
+  }
 
   // ---- what DrivenEngine needs ----
   /// Runs the handlers that are ready (a non-blocking look at the sockets included).

@@ -26,7 +26,8 @@ inline void Link::start_send(ConstBytes data, Tag tag, const detail::ReqPtr& req
 inline void Link::enqueue(detail::OutFrame f) {
   // Nothing queued and no write in flight: the frame goes straight to the socket (one sendmsg,
   // no Asio operation). What the socket does not take waits in the queue for an async_write.
-  if (!writing_ && !write_posted_ && write_queue_.empty() && !failed_) {
+  if (!writing_ && !write_posted_ && write_queue_.empty() && !failed_ &&
+      up_.load(std::memory_order_relaxed)) {
     f.sent = send_now(f.h, f.payload);
     if (f.sent == sizeof f.h + f.payload.size) {
       if (f.piece) return piece_sent(f.h.id);
@@ -48,7 +49,8 @@ inline void Link::enqueue(detail::OutFrame f) {
     }
   }
   chorus::detail::push_back_growing(write_queue_, std::move(f));
-  if (writing_ || write_posted_) return;
+  if (writing_ || write_posted_ || !up_.load(std::memory_order_relaxed))
+    return;  // not connected: connected() writes
   write_posted_ = true;
   asio::post(io_, detail::bind_memory(handlers_, [this] {
     write_posted_ = false;
@@ -57,7 +59,7 @@ inline void Link::enqueue(detail::OutFrame f) {
 }
 
 inline void Link::write_next() {
-  if (writing_ || failed_ || write_queue_.empty()) return;
+  if (writing_ || failed_ || write_queue_.empty() || !up_.load(std::memory_order_relaxed)) return;
   writing_ = true;
   // The frames stay in the queue until the write completes; their headers are copied to
   // batch_headers_, since the queue may reallocate while more frames are appended.
