@@ -408,7 +408,8 @@ class Communicator {
   /// Fails every pending and later operation of this communicator with `aborted` here and
   /// (through the links breaking) with peer_failure on every peer. Dumps the flight recorder.
   /// Idempotent; never blocks for long; may be called from any thread. A split communicator
-  /// shares its links with its parent: aborting either aborts both.
+  /// shares its links with its parent: aborting either aborts both. This rank then takes no part
+  /// in a shrink() (refused here; the others leave it out at once where they share a store).
   void abort();
 
   /// Waits until every operation queued or running on this communicator has finished (each is

@@ -125,6 +125,35 @@ TEST_CASE("shrink: a rank that does not join is left out after shrink_wait") {
       t);
 }
 
+// A rank whose communicator the user aborted (its thread lives on) takes no part in a shrink: the
+// others, sharing a store, leave it out at once rather than after shrink_wait (100 s here: the
+// shrink returning well before it shows it was not waited out), and its own shrink() is refused.
+TEST_CASE("shrink: a rank that called abort() is left out at once; its own shrink is refused") {
+  chorus::test::ThreadOptions t;
+  t.timeout = 30s;
+  chorus::test::run_threads(
+      4,
+      [](int rank, chorus::Options o) {
+        o.shrink_wait = 100s;
+        auto store = o.store;
+        auto comm = chorus::Communicator<chorus::inproc::Transport>::create(std::move(o));
+        comm.barrier();
+        if (rank == 1) {
+          comm.abort();
+          store->set("test/aborted", "1");
+          chorus::test::expect_error(
+              ErrorCode::invalid_argument, [&] { (void)comm.shrink(); }, "shrink after abort()");
+          return;
+        }
+        store->wait({"test/aborted"}, 20s);
+        const auto t0 = Clock::now();
+        auto c = comm.shrink();
+        expect(Clock::now() - t0 < 100s, "the aborted rank's shrink_wait was not waited out");
+        check_shrunk(c, rank, survivors(4, {1}));
+      },
+      t);
+}
+
 // Processes: after a barrier one rank (rank 0 included: the lowest rank leads the agreement) or
 // two kill themselves; the others see peer_failure in a loop of all_reduces, shrink and check
 // the new communicator against the survivors' inputs.

@@ -478,6 +478,7 @@ Request Communicator<T>::issue(const Call& given, bool async, const device::Stre
 template <class T>
 void Communicator<T>::abort() {
   if (!s_) return;  // not valid(): nothing to abort
+  s_->leave_shrinks();
   abort_with(Error(ErrorCode::aborted, s_->ctx(-1, "abort"), "communicator aborted by the user"));
 }
 

@@ -26,6 +26,10 @@ Communicator<T> Communicator<T>::shrink(std::span<const int> exclude) {
   using Clock = std::chrono::steady_clock;
   State& st = live("shrink");
   st.outside_group("shrink");
+  if (st.left_shrinks)
+    throw Error(
+        ErrorCode::invalid_argument, st.ctx(-1, "shrink"),
+        "this communicator was aborted with abort(): it takes no part in a shrink (the others leave it out)");
   const int n = size(), me = rank();
   const auto started = Clock::now();
   std::set<int> out;
@@ -48,8 +52,7 @@ Communicator<T> Communicator<T>::shrink(std::span<const int> exclude) {
       std::lock_guard lk(st.call_mu);
       seq = st.shrink_seq++;
     }
-    const std::string prefix =
-        "shrink/c" + std::to_string(st.group.context >> detail::kContextShift) + "/s" + std::to_string(seq) + "/";
+    const std::string prefix = st.shrink_prefix(seq);
     const ErrorContext ctx = st.ctx(-1, "shrink");
     detail::Agreement a = st.standby->agree(st.group.members, me, out, prefix, wait, ctx);
     Options o = old;

@@ -187,6 +187,12 @@ class Standby {
     for (const auto& t : texts) addrs_.push_back(t.empty() ? StandbyAddress{} : StandbyAddress::parse(t));
   }
   void keep_previous(std::shared_ptr<Standby> p) { previous_ = std::move(p); }
+  /// Group rank `me` joins no shrink under `prefix` (its communicator was aborted): with a shared
+  /// store its join key says so, and the coordinator leaves it out at once, not after shrink_wait.
+  /// With standby servers a probe finds it alive, and it is left out after shrink_wait.
+  void leave(const std::string& prefix, int me) {
+    if (shared()) shared_->set(prefix + "join/" + std::to_string(me), kGone);
+  }
 
   /// Where processes knock to join the group whose rank 0 is transport rank `root` (grow):
   /// that rank's standby (its own server on that rank), or the shared store, under "chorus/grow/".
@@ -214,6 +220,7 @@ class Standby {
 
  private:
   static constexpr std::chrono::milliseconds kProbe{1000};
+  static constexpr const char* kGone = "gone";  ///< a join key's value: that rank will not join (leave())
 
   static std::string encode(const std::vector<int>& v) {
     std::string s;
@@ -420,6 +427,10 @@ class Standby {
       const auto rest = std::max<Clock::duration>(deadline - Clock::now(), Clock::duration::zero());
       try {
         store.wait({prefix + "join/" + std::to_string(q)}, std::chrono::duration_cast<std::chrono::milliseconds>(rest));
+        if (store.get(prefix + "join/" + std::to_string(q), std::chrono::milliseconds(1000)) == kGone) {
+          append_item(left, std::to_string(q) + " (aborted)");
+          continue;
+        }
         in.push_back(q);
       } catch (const Error& e) {
         if (e.code() != ErrorCode::timeout) throw;

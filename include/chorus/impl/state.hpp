@@ -100,6 +100,26 @@ struct Communicator<T>::State {
   /// survivors meet in shrink(). Shared with sub-communicators (indexed by transport rank).
   std::shared_ptr<detail::Standby> standby;
   std::uint64_t shrink_seq = 0;  ///< shrinks of this group begun (alike on every rank; under call_mu)
+  std::atomic<bool> left_shrinks{false};  ///< abort() was called: no shrink here (leave_shrinks)
+  /// The store keys of this group's shrink number `seq` (impl/standby.hpp).
+  std::string shrink_prefix(std::uint64_t seq) const {
+    return "shrink/c" + std::to_string(group.context >> detail::kContextShift) + "/s" + std::to_string(seq) +
+           "/";
+  }
+  /// The user aborted this communicator: it joins no later shrink, and says so where the next one
+  /// looks (Standby::leave; best effort, never throws).
+  void leave_shrinks() noexcept {
+    left_shrinks = true;
+    try {
+      std::uint64_t seq = 0;
+      {
+        std::lock_guard lk(call_mu);
+        seq = shrink_seq;
+      }
+      if (standby) standby->leave(shrink_prefix(seq), group.rank);
+    } catch (...) {  // a store that is gone: the survivors wait shrink_wait instead
+    }
+  }
 
   /// Starts this rank's standby and learns every rank's standby address (none with a store every
   /// rank shares, which serves instead).
