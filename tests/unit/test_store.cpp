@@ -1,9 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // TcpStore, FileStore and the connection handshake.
-#include "chorus/bootstrap/tcp_store.hpp"
-
 #include <doctest/doctest.h>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -24,6 +22,8 @@
 #include <vector>
 
 #include "chorus/bootstrap/file_store.hpp"
+#include "chorus/bootstrap/store_gather.hpp"
+#include "chorus/bootstrap/tcp_store.hpp"
 #include "chorus/detail/handshake.hpp"
 
 // This file's own names: the files of tests/unit/ are compiled together (unity build).
@@ -772,6 +772,64 @@ TEST_CASE("TcpStore: the server counts the requests it serves and the connection
   CHECK(server.requests_served() == own + 5);
   CHECK(server.connections_accepted() == 2);
   CHECK(client.requests_served() == 0);  // a client serves nothing
+}
+
+// store_all_gather (bootstrap/store_gather.hpp): every rank's value in rank order, whatever bytes it
+// holds, in about 3n requests where reading every key made n^2.
+TEST_CASE("store_all_gather: every rank's value in order, in at most 3n requests of the store") {
+  for (const int n : {1, 2, 7, 33}) {
+    CAPTURE(n);
+    TcpStore server("127.0.0.1", 0, true, 20s);
+    std::vector<std::unique_ptr<TcpStore>> clients;
+    for (int r = 0; r < n; ++r)
+      clients.push_back(std::make_unique<TcpStore>("127.0.0.1", server.port(), false, 20s));
+    const auto before = server.requests_served();
+    // Values with newlines, digits and NUL bytes, of different lengths (an empty one too).
+    auto value = [](int r) {
+      return r == 3 ? std::string() : std::to_string(r) + "\n12\n" + std::string(std::size_t(r), '\0') + "x";
+    };
+    std::vector<std::vector<std::string>> got(static_cast<std::size_t>(n));
+    std::vector<std::thread> ranks;
+    std::mutex mu;
+    std::vector<std::string> errors;
+    for (int r = 0; r < n; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          got[static_cast<std::size_t>(r)] =
+              chorus::store_all_gather(*clients[static_cast<std::size_t>(r)], "g", r, n, value(r), 20s);
+        } catch (const std::exception& e) {
+          std::lock_guard lk(mu);
+          errors.push_back(e.what());
+        }
+      });
+    for (auto& t : ranks) t.join();
+    REQUIRE(errors.empty());
+    for (int r = 0; r < n; ++r) {
+      REQUIRE(got[static_cast<std::size_t>(r)].size() == static_cast<std::size_t>(n));
+      for (int q = 0; q < n; ++q)
+        CHECK(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(q)] == value(q));
+    }
+    CHECK(server.requests_served() - before <= static_cast<std::uint64_t>(3 * n));
+  }
+}
+
+TEST_CASE("store_all_gather's list: encode and decode, and a malformed or short list is a mismatch") {
+  const std::vector<std::string> v{"", "a\nb", std::string(3, '\0'), "123", std::string(1000, 'z')};
+  CHECK(chorus::detail::decode_strings(chorus::detail::encode_strings(v), v.size(), "t") == v);
+  CHECK(chorus::detail::decode_strings("", 0, "t").empty());
+  for (const std::string bad : {"3\nab", "x\nab", "\nab", "2ab", "99999999999999\n"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(chorus::detail::decode_strings(bad, 1, "t"), chorus::Error);
+  }
+  const auto two = chorus::detail::encode_strings({"a", "b"});
+  try {
+    (void)chorus::detail::decode_strings(two, 3, "the list");
+    FAIL("a list of 2 read as 3");
+  } catch (const chorus::Error& e) {
+    CHECK(e.code() == ErrorCode::mismatch);
+    CHECK(std::string(e.what()).find("the list: 2 values in the store where 3 ranks take part") !=
+          std::string::npos);
+  }
 }
 
 }  // namespace unit_test_store
