@@ -44,6 +44,20 @@ CHORUS_DECL int launch_local(int nranks, int argc, char** argv, std::chrono::mil
     base.emplace_back(v);
   }
 
+  // A rank inherits nothing but stdin, stdout and stderr: the launcher's store (its listening
+  // socket and the connections of the ranks started before) stays the launcher's, as it would
+  // under torchrun (64 ranks held 70 sockets each, most of them the launcher's).
+  posix_spawn_file_actions_t actions;
+  if (int rc = ::posix_spawn_file_actions_init(&actions); rc != 0)
+    throw detail::system_error({}, "posix_spawn_file_actions_init", rc);
+  struct Actions {
+    posix_spawn_file_actions_t* a;
+    ~Actions() { ::posix_spawn_file_actions_destroy(a); }
+  } destroy_actions{&actions};
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+  if (int rc = ::posix_spawn_file_actions_addclosefrom_np(&actions, 3); rc != 0)
+    throw detail::system_error({}, "posix_spawn_file_actions_addclosefrom_np", rc);
+#endif
   std::vector<pid_t> pids;
   for (int r = 0; r < nranks; ++r) {
     std::vector<std::string> env = base;
@@ -60,7 +74,8 @@ CHORUS_DECL int launch_local(int nranks, int argc, char** argv, std::chrono::mil
     std::vector<char*> args(argv, argv + argc);
     args.push_back(nullptr);
     pid_t pid = 0;
-    if (int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, args.data(), envp.data()); rc != 0) {
+    if (int rc = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, args.data(), envp.data());
+        rc != 0) {
       for (pid_t p : pids) ::kill(p, SIGKILL);
       throw detail::system_error({}, "posix_spawn of rank " + std::to_string(r), rc);
     }
