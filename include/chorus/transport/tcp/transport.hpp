@@ -293,10 +293,7 @@ inline void Transport::connect_all(const Bootstrap& b) {
 }
 
 inline Error Transport::streams_differ(int peer, std::uint32_t theirs) const {
-  return Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, "tcp connect"},
-               "CHORUS_SOCKETS_PER_PEER differs: " + std::to_string(streams_) + " on rank " + std::to_string(rank_) +
-                   ", " + std::to_string(theirs) + " on rank " + std::to_string(peer) +
-                   " (every rank must use the same value)");
+  return detail::streams_differ(rank_, peer, streams_, theirs);
 }
 
 static_assert(chorus::Transport<Transport>);

@@ -320,10 +320,7 @@ class LazyLinks {
   }
 
   Error streams_differ(int peer, std::uint32_t theirs) const {
-    return Error(ErrorCode::invalid_argument, ErrorContext{rank_, peer, "tcp connect"},
-                 "CHORUS_SOCKETS_PER_PEER differs: " + std::to_string(streams_) + " on rank " +
-                     std::to_string(rank_) + ", " + std::to_string(theirs) + " on rank " +
-                     std::to_string(peer) + " (every rank must use the same value)");
+    return detail::streams_differ(rank_, peer, static_cast<int>(streams_), theirs);
   }
   void fail_differ(int p, std::uint32_t theirs) {
     if (!stopping_) link(p).fail(ErrorCode::invalid_argument, streams_differ(p, theirs).what());

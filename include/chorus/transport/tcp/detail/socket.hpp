@@ -73,6 +73,15 @@ inline int sockets_per_peer_from_env() {
   return kDefaultSocketsPerPeer;
 }
 
+/// invalid_argument of rank `rank`, whose K is `mine`: `peer` has `theirs` (the stream hello of
+/// tcp/transport.hpp told), at creation (eager links) or at the first call (lazy ones).
+inline Error streams_differ(int rank, int peer, int mine, std::uint32_t theirs) {
+  return Error(ErrorCode::invalid_argument, ErrorContext{rank, peer, "tcp connect"},
+               "CHORUS_SOCKETS_PER_PEER differs: " + std::to_string(mine) + " on rank " +
+                   std::to_string(rank) + ", " + std::to_string(theirs) + " on rank " + std::to_string(peer) +
+                   " (every rank must use the same value)");
+}
+
 /// Options every link socket gets: no Nagle delay, and keepalive plus a user timeout so a host
 /// that vanishes without closing (cable, power) is noticed in seconds, not at the job timeout
 /// (chorus/detail/keepalive.hpp; CHORUS_SOCKET_* variables).
