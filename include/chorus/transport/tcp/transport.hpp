@@ -126,7 +126,7 @@ inline void Transport::connect_all(const Bootstrap& b) {
   asio_tcp::acceptor acceptor(io, asio_tcp::endpoint(addr, 0));
   acceptor.listen(asio::socket_base::max_listen_connections);
   const auto port = acceptor.local_endpoint().port();
-  b.store->set("tcp/addr/" + std::to_string(rank_), addr.to_string() + " " + std::to_string(port));
+  b.store->set("tcp/addr/" + std::to_string(rank_), detail::published_address(addr, port));
   chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::net, rank_, "tcp: listening on ", addr.to_string(), " port ", port);
 
   // Ranks outside the mask count as connected: nothing waits for them. A peer is connected when
@@ -159,13 +159,8 @@ inline void Transport::connect_all(const Bootstrap& b) {
   // Connect to every lower rank.
   for (int p = 0; p < rank_; ++p) {
     if (!peers_[static_cast<std::size_t>(p)]) continue;
-    const std::string where = b.store->get("tcp/addr/" + std::to_string(p), remaining());
-    const auto space = where.rfind(' ');
-    boost::system::error_code ec;
-    const auto peer_addr = asio::ip::make_address(where.substr(0, space), ec);
-    if (ec || space == std::string::npos)
-      throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "tcp connect"}, "bad address in store: '" + where + "'");
-    const asio_tcp::endpoint ep(peer_addr, static_cast<unsigned short>(std::stoi(where.substr(space + 1))));
+    const asio_tcp::endpoint ep = detail::published_endpoint(
+        b.store->get("tcp/addr/" + std::to_string(p), remaining()), ErrorContext{rank_, p, "tcp connect"});
     for (std::uint32_t stream = 0; stream < K; ++stream)
     asio::co_spawn(
         io,

@@ -62,7 +62,7 @@ class LazyLinks {
     acceptor_.bind(asio_tcp::endpoint(addr, 0));
     acceptor_.listen(asio::socket_base::max_listen_connections);
     const auto port = acceptor_.local_endpoint().port();
-    store_->set("tcp/addr/" + std::to_string(rank_), addr.to_string() + " " + std::to_string(port));
+    store_->set("tcp/addr/" + std::to_string(rank_), published_address(addr, port));
     chorus::detail::log(chorus::detail::LogLevel::info, chorus::detail::LogSubsys::net, rank_,
                         "tcp: listening on ", addr.to_string(), " port ", port, " (links made on first use)");
     for (auto& p : peers_) p.have.assign(streams_, false), p.reserved.assign(streams_, false);
@@ -79,14 +79,8 @@ class LazyLinks {
     if (asked_[static_cast<std::size_t>(peer)].exchange(true)) return;
     const ErrorContext ctx{rank_, peer, "tcp connect"};
     try {
-      const std::string where = store_->get("tcp/addr/" + std::to_string(peer), bound_);
-      const auto space = where.rfind(' ');
-      boost::system::error_code ec;
-      const auto addr = space == std::string::npos ? asio::ip::address()
-                                                   : asio::ip::make_address(where.substr(0, space), ec);
-      if (ec || space == std::string::npos)
-        throw Error(ErrorCode::invalid_argument, ctx, "bad address in store: '" + where + "'");
-      const asio_tcp::endpoint ep(addr, static_cast<unsigned short>(std::stoi(where.substr(space + 1))));
+      const asio_tcp::endpoint ep =
+          published_endpoint(store_->get("tcp/addr/" + std::to_string(peer), bound_), ctx);
       asio::post(io_, [this, peer, ep] { dial(peer, ep); });
     } catch (const std::exception& e) {
       const std::string why =

@@ -73,6 +73,22 @@ inline int sockets_per_peer_from_env() {
   return kDefaultSocketsPerPeer;
 }
 
+/// The text a rank publishes in the store under "tcp/addr/<rank>" (eager and lazy set-up alike).
+inline std::string published_address(const asio::ip::address& a, unsigned short port) {
+  return a.to_string() + " " + std::to_string(port);
+}
+
+/// published_address's inverse; invalid_argument naming `ctx` when `where` is not such a text.
+inline asio_tcp::endpoint published_endpoint(const std::string& where, const ErrorContext& ctx) {
+  const auto space = where.rfind(' ');
+  boost::system::error_code ec;
+  const auto addr =
+      space == std::string::npos ? asio::ip::address() : asio::ip::make_address(where.substr(0, space), ec);
+  if (ec || space == std::string::npos)
+    throw Error(ErrorCode::invalid_argument, ctx, "bad address in store: '" + where + "'");
+  return {addr, static_cast<unsigned short>(std::stoi(where.substr(space + 1)))};
+}
+
 /// invalid_argument of rank `rank`, whose K is `mine`: `peer` has `theirs` (the stream hello of
 /// tcp/transport.hpp told), at creation (eager links) or at the first call (lazy ones).
 inline Error streams_differ(int rank, int peer, int mine, std::uint32_t theirs) {
