@@ -257,11 +257,10 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   peers.resize(n, false);
   peers[static_cast<std::size_t>(rank_)] = false;
   // Exchange PeerInfo (every rank, so the decision is the same at both ends of each pair), as one
-  // card per rank through store_all_gather (O(n) store requests in all): "<disabled>\n<host>"
-  // (the disabled names never hold a newline, a host id may), then the facts of the candidates
-  // that publish one, in registry order.
+  // card per rank through store_all_gather (O(n) store requests in all): its disabled candidates,
+  // its host, then the facts of the candidates that publish one, in registry order.
   PeerInfo me{rank_, chorus::detail::host_id(ctx), {}};
-  std::vector<std::string> card{disabled_text + "\n" + me.host};
+  std::vector<std::string> card{disabled_text, me.host};
   (
       [&] {
         if constexpr (detail::PublishesFact<Ts>) {
@@ -290,12 +289,10 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
     if (!peers[static_cast<std::size_t>(p)]) continue;
     std::vector<std::string> theirs = chorus::detail::decode_strings(
         cards[static_cast<std::size_t>(p)], card.size(), "transport: rank " + std::to_string(p) + "'s card");
-    std::string& host = theirs[0];
-    const std::string peer_disabled = host.substr(0, host.find('\n'));
-    host.erase(0, std::min(host.size(), peer_disabled.size() + 1));
-    PeerInfo peer{p, std::move(host), {}};
+    const std::string& peer_disabled = theirs[0];
+    PeerInfo peer{p, std::move(theirs[1]), {}};
     for (std::size_t i = 0; i < me.facts.size(); ++i)
-      peer.facts.emplace_back(me.facts[i].first, std::move(theirs[i + 1]));
+      peer.facts.emplace_back(me.facts[i].first, std::move(theirs[i + 2]));
     const std::array<bool, kCount> can{Ts::can_connect(me, peer)...};
     std::size_t c = forced;
     if (forced == kCount) {
