@@ -109,6 +109,7 @@ class LazyLinks {
     std::vector<bool> have;      ///< the streams in place
     std::uint32_t count = 0;     ///< ... how many
     std::vector<bool> reserved;  ///< accepting: the streams answered (in place once settled)
+    std::uint32_t dials = 0;     ///< this rank's dial_stream coroutines still running (any gen)
   };
 
   Link& link(int p) { return *links_[static_cast<std::size_t>(p)]; }
@@ -134,9 +135,14 @@ class LazyLinks {
     if (stopping_ || link(p).failed() || s.state != State::idle) return;  // the peer's connection serves
     s.state = State::dialing;
     const std::uint32_t gen = ++s.gen;
+    s.dials += streams_;
     for (std::uint32_t i = 0; i < streams_; ++i)
       asio::co_spawn(io_, dial_stream(p, ep, i, gen), [this, p, gen](std::exception_ptr e) {
-        if (!e || stopping_ || peer(p).gen != gen || peer(p).state != State::dialing) return;
+        --peer(p).dials;
+        if (!e || stopping_ || peer(p).gen != gen || peer(p).state != State::dialing) {
+          if (peer(p).state == State::accepting) up_if_settled(p);  // an abandoned dial ended
+          return;
+        }
         try {
           std::rethrow_exception(e);
         } catch (const Error& x) {
@@ -198,7 +204,17 @@ class LazyLinks {
   void settle(int p, std::uint32_t i) {
     Peer& s = peer(p);
     if (!s.have[i]) s.have[i] = true, ++s.count;
-    if (s.count != streams_ || s.state == State::up) return;
+    up_if_settled(p);
+  }
+
+  /// Connects the link once its streams are in place and, where this rank's own dial was
+  /// abandoned for the peer's connection, once that dial has ended too (the peer answered it 0): so
+  /// no connection of the link is still being made, on either end, when it first carries data (the
+  /// peer answered before this rank sends), and a steady state is reached on the first call.
+  void up_if_settled(int p) {
+    Peer& s = peer(p);
+    if (stopping_ || link(p).failed() || s.count != streams_ || s.state == State::up) return;
+    if (s.state == State::accepting && s.dials != 0) return;
     const bool dialed = s.state == State::dialing;
     s.state = State::up;
     for (int k = 0; k < static_cast<int>(streams_); ++k) tune_socket(link(p).socket(k), tuning_);
