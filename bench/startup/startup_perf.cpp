@@ -11,22 +11,39 @@
 // creation and after the calls, and reads its VmRSS. Rank 0 prints the maximum over the ranks of
 // each (the median's maximum for the steady call), one line:
 //
-//   ranks 64 create_ms 2212.3 first_us 137000.0 steady_us 850.2 sockets_created 132 sockets_after 132 rss_kb 9000 wrong 0
+//   ranks 64 create_ms 2212.3 first_us 137000.0 steady_us 850.2 sockets_created 132 sockets_after 132 rss_kb
+//   9000 wrong 0
 //
 // `wrong` counts ranks whose sums differ from the reference (exact small integers). The algorithm
 // is the cost model's choice, or CHORUS_ALGO's (ring, tree, ...), the transport CHORUS_TRANSPORT's.
 // The store's load: with CHORUS_DEBUG=INFO the launcher logs "TcpStore server on ...: served R
 // requests over C connections" when it stops. scripts/startup-bench runs it over N and algorithms.
+//
+//   startup_perf --threads N
+//
+// runs N ranks as threads of this process over tcp loopback, meeting in one MemoryStore (as
+// ranks as threads do), and times, slowest rank: creation, the first 8 B all_reduce, a barrier;
+// then one rank's communicator is aborted (rank N*3/10; its thread lives on), and the others time
+// their next call (it fails with peer_failure), shrink() (the aborted rank says it will not join),
+// and the shrunk communicator's first 8 B all_reduce. One line:
+//
+//   threads 256 create_ms 3269.0 first_ms 445.0 barrier_ms 468.0 failed_ms 469.0 shrink_ms 3794.0 after_ms
+//   294.0 wrong 0
+//
+// sim/sim_startup models these (sim/include/chorus/sim/startup.hpp).
 #include <dirent.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "chorus/bootstrap/local_launch.hpp"
@@ -63,6 +80,103 @@ long rss_kib() {
   return -1;
 }
 
+double millis(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+/// --threads: N ranks as threads over tcp loopback; see the top of this file. Returns the exit code.
+int run_threads(int n) {
+  rlimit fds{};  // every rank's sockets are this process's: the soft limit raised to the hard one
+  if (::getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur < fds.rlim_max) {
+    fds.rlim_cur = fds.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &fds);
+  }
+  using Comm = chorus::Communicator<chorus::tcp::Transport>;
+  using namespace std::chrono_literals;
+  struct Times {
+    double create = 0, first = 0, barrier = 0, failed = 0, shrink = 0, after = 0;
+  };
+  std::vector<Times> times(static_cast<std::size_t>(n));
+  std::atomic<int> wrong{0};
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  auto store = std::make_shared<chorus::MemoryStore>();  // the shrink's agreement meets in it too
+  const int victim = n * 3 / 10;
+  auto sum_8b = [&](Comm& c, int who) {
+    std::vector<float> in{float(who + 1), 1.0f}, out(2, 0.0f);
+    c.all_reduce(std::span<const float>(in), std::span(out), chorus::ReduceOp::sum);
+    if (out[1] != float(c.size())) ++wrong;
+  };
+  auto meet = [&](const std::string& what, int rank, int skip) {  // through the store, not the links
+    store->set("bench/" + what + "/" + std::to_string(rank), "1");
+    std::vector<std::string> keys;
+    for (int r = 0; r < n; ++r)
+      if (r != skip) keys.push_back("bench/" + what + "/" + std::to_string(r));
+    store->wait(keys, 600s);
+  };
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank)
+    threads.emplace_back([&, rank] {
+      Times& t = times[static_cast<std::size_t>(rank)];
+      try {
+        chorus::Options o;
+        o.rank = rank;
+        o.world_size = n;
+        o.store = store;
+        o.timeout = 600s;
+        o.setup_timeout = 600s;
+        o.shrink_wait = 600s;  // not waited out: the aborted rank says it will not join
+        auto t0 = Clock::now();
+        auto comm = Comm::create(o);
+        t.create = millis(Clock::now() - t0);
+        meet("created", rank, -1);  // the calls' times without the creations' skew
+        t0 = Clock::now();
+        sum_8b(comm, rank);
+        t.first = millis(Clock::now() - t0);
+        t0 = Clock::now();
+        comm.barrier();
+        t.barrier = millis(Clock::now() - t0);
+        if (rank == victim) {
+          comm.abort();
+          store->set("bench/aborted", "1");
+          return;
+        }
+        store->wait({"bench/aborted"}, 600s);
+        t0 = Clock::now();
+        try {
+          sum_8b(comm, rank);
+          ++wrong;  // the call without the aborted rank returned
+        } catch (const chorus::Error& e) {
+          if (e.code() != chorus::ErrorCode::peer_failure) throw;
+        }
+        t.failed = millis(Clock::now() - t0);
+        t0 = Clock::now();
+        auto shrunk = comm.shrink();
+        t.shrink = millis(Clock::now() - t0);
+        if (shrunk.size() != n - 1) ++wrong;
+        meet("shrunk", rank, victim);
+        t0 = Clock::now();
+        sum_8b(shrunk, shrunk.rank());
+        t.after = millis(Clock::now() - t0);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(rank)] = e.what();
+        ++wrong;
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < n; ++r)
+    if (!errors[static_cast<std::size_t>(r)].empty())
+      std::fprintf(stderr, "startup_perf: rank %d: %s\n", r, errors[static_cast<std::size_t>(r)].c_str());
+  auto most = [&](double Times::*f) {
+    double m = 0;
+    for (const Times& t : times) m = std::max(m, t.*f);
+    return m;
+  };
+  std::printf(
+      "threads %d create_ms %.1f first_ms %.1f barrier_ms %.1f failed_ms %.1f shrink_ms %.1f after_ms %.1f "
+      "wrong %d\n",
+      n, most(&Times::create), most(&Times::first), most(&Times::barrier), most(&Times::failed),
+      most(&Times::shrink), most(&Times::after), wrong.load());
+  return wrong.load() == 0 ? 0 : 4;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,8 +187,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--iters", iters, "8 B all_reduces after the first (their median is reported)")
       ->check(CLI::Range(1, 100000));
+  int threads = 0;
+  app.add_option("--threads", threads, "run this many ranks as threads over tcp loopback (creation, shrink)")
+      ->check(CLI::Range(2, 4096));
   CLI11_PARSE(app, argc, argv);
   try {
+    if (threads > 0) return run_threads(threads);
     if (!chorus::launched_by_launcher()) return chorus::launch_local(nranks, argc, argv);
 
     const auto t0 = Clock::now();
