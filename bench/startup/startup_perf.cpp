@@ -27,9 +27,10 @@
 // their next call (it fails with peer_failure), shrink() (the aborted rank says it will not join),
 // and the shrunk communicator's first 8 B all_reduce. One line:
 //
-//   threads 256 create_ms 3269.0 first_ms 445.0 barrier_ms 468.0 failed_ms 469.0 shrink_ms 3794.0 after_ms
-//   294.0 wrong 0
+//   threads 256 create_ms 1925.7 first_ms 618.3 barrier_ms 579.2 failed_ms 381.4 shrink_ms 2315.0
+//           after_ms 432.9 rss_kb 190000 wrong 0
 //
+// (rss_kb: the process's resident memory once every rank is created.)
 // sim/sim_startup models these (sim/include/chorus/sim/startup.hpp).
 #include <dirent.h>
 #include <sys/resource.h>
@@ -96,6 +97,7 @@ int run_threads(int n) {
   };
   std::vector<Times> times(static_cast<std::size_t>(n));
   std::atomic<int> wrong{0};
+  long rss_created = 0;  // the process's VmRSS (KiB) once every rank is created
   std::vector<std::string> errors(static_cast<std::size_t>(n));
   auto store = std::make_shared<chorus::MemoryStore>();  // the shrink's agreement meets in it too
   const int victim = n * 3 / 10;
@@ -127,6 +129,7 @@ int run_threads(int n) {
         auto comm = Comm::create(o);
         t.create = millis(Clock::now() - t0);
         meet("created", rank, -1);  // the calls' times without the creations' skew
+        if (rank == 0) rss_created = rss_kib();
         t0 = Clock::now();
         sum_8b(comm, rank);
         t.first = millis(Clock::now() - t0);
@@ -171,9 +174,9 @@ int run_threads(int n) {
   };
   std::printf(
       "threads %d create_ms %.1f first_ms %.1f barrier_ms %.1f failed_ms %.1f shrink_ms %.1f after_ms %.1f "
-      "wrong %d\n",
+      "rss_kb %ld wrong %d\n",
       n, most(&Times::create), most(&Times::first), most(&Times::barrier), most(&Times::failed),
-      most(&Times::shrink), most(&Times::after), wrong.load());
+      most(&Times::shrink), most(&Times::after), rss_created, wrong.load());
   return wrong.load() == 0 ? 0 : 4;
 }
 
