@@ -3,14 +3,18 @@
 /// (sim/include/chorus/sim/startup.hpp: what it models and how), against measurements.
 ///
 ///   sim_startup --preset sim/presets/this-machine-startup.json --ranks 16,64,256,1024,4096
-///               [--measured sim/measured/startup-threads.txt] [--fit 8]
+///               [--measured sim/measured/startup-threads.txt] [--fit-on 2,4,8,32,128]
 ///
 /// Prints a row per rank count: the simulated creation and shrink (ms), the store requests and
 /// wake-ups the model counts, and, where --measured has that rank count (lines of
 /// `startup_perf --threads N`; the median per N is taken), the measured figures and
-/// simulated/measured. --fit K first fits rank_us, wake_us and teardown_us to the measured rank
-/// counts of at most K (least squares of log(simulated/measured), a coordinate search from the
-/// preset's values) and prints the fitted values; the larger rank counts are then a validation.
+/// simulated/measured, and the memory the process's links take (the model's n (n - 1) x
+/// link_bytes). --fit-on LIST first fits the costs (start_wait_us, rank_us, link_us,
+/// link_cached_us, link_after_us, teardown_us, link_teardown_us, teardown_wait_us) to the measured
+/// rank counts listed (least squares of log(simulated/measured), creation and shrink, a coordinate
+/// search from the preset's values) and prints them; the other measured rank counts are then a
+/// validation. --check F: exit 1 where a rank count listed and
+/// measured is simulated more than F (0.25: 25%) away from its measurement, creation or shrink.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -20,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "chorus/sim/startup.hpp"
@@ -73,6 +78,14 @@ Params read_preset(const std::string& path) {
   Params p;
   p.cores = j.at("cores").get<int>();
   p.rank_us = j.at("rank_us").get<double>();
+  p.start_wait_us = j.at("start_wait_us").get<double>();
+  p.link_us = j.at("link_us").get<double>();
+  p.link_cached_us = j.at("link_cached_us").get<double>();
+  p.link_after_us = j.at("link_after_us").get<double>();
+  p.link_bytes = j.at("link_bytes").get<double>();
+  p.cache_bytes = j.at("cache_bytes").get<double>();
+  p.link_teardown_us = j.at("link_teardown_us").get<double>();
+  p.teardown_wait_us = j.at("teardown_wait_us").get<double>();
   p.request_us = j.at("request_us").get<double>();
   p.wake_us = j.at("wake_us").get<double>();
   p.teardown_us = j.at("teardown_us").get<double>();
@@ -81,12 +94,11 @@ Params read_preset(const std::string& path) {
   return p;
 }
 
-/// The sum over the measured rank counts up to `most` of log(simulated/measured)², creation and
-/// shrink both.
-double misfit(const Params& p, const std::map<int, Measured>& m, int most) {
+/// The sum over the measured rank counts in `on` of log(simulated/measured)², creation and shrink.
+double misfit(const Params& p, const std::map<int, Measured>& m, const std::vector<int>& on) {
   double e = 0;
   for (const auto& [n, x] : m) {
-    if (n > most) continue;
+    if (std::find(on.begin(), on.end(), n) == on.end()) continue;
     const auto r = chorus::sim::startup::simulate(p, n, true);
     e += std::pow(std::log(r.create_ms / x.create_ms), 2);
     if (x.shrink_ms > 0 && r.shrink_ms > 0) e += std::pow(std::log(r.shrink_ms / x.shrink_ms), 2);
@@ -94,17 +106,18 @@ double misfit(const Params& p, const std::map<int, Measured>& m, int most) {
   return e;
 }
 
-/// A coordinate search of rank_us, wake_us and teardown_us (factors of 2 down to 1.01).
-Params fit(Params p, const std::map<int, Measured>& m, int most) {
-  double best = misfit(p, m, most);
+/// A coordinate search of the CPU costs (factors of 2 down to 1.005) from the preset's values.
+Params fit(Params p, const std::map<int, Measured>& m, const std::vector<int>& on) {
+  double best = misfit(p, m, on);
   for (double step = 2.0; step > 1.005; step = std::sqrt(step)) {
     for (bool better = true; better;) {
       better = false;
-      for (double* v : {&p.rank_us, &p.wake_us, &p.teardown_us})
+      for (double* v : {&p.start_wait_us, &p.rank_us, &p.link_us, &p.link_cached_us, &p.link_after_us,
+                        &p.teardown_us, &p.link_teardown_us, &p.teardown_wait_us})
         for (double f : {step, 1 / step}) {
           const double old = *v;
           *v = old * f;
-          const double e = misfit(p, m, most);
+          const double e = misfit(p, m, on);
           if (e < best - 1e-12) {
             best = e;
             better = true;
@@ -117,35 +130,49 @@ Params fit(Params p, const std::map<int, Measured>& m, int most) {
   return p;
 }
 
+std::vector<int> int_list(const std::string& text) {
+  std::vector<int> v;
+  std::stringstream list(text);
+  for (std::string item; std::getline(list, item, ',');) v.push_back(std::stoi(item));
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string preset, measured_path, ranks_arg = "16,64,256,1024,4096";
-  int fit_most = 0;
+  std::string preset, measured_path, ranks_arg = "16,64,256,1024,4096", fit_arg;
+  double check = 0;
   CLI::App app{"chorus creation and shrink at many ranks, simulated"};
   app.add_option("--preset", preset, "the model's parameters (JSON)")->required();
   app.add_option("--ranks", ranks_arg, "rank counts, comma-separated");
   app.add_option("--measured", measured_path, "startup_perf --threads lines to compare with");
-  app.add_option("--fit", fit_most, "fit to the measured rank counts of at most this many first");
+  app.add_option("--fit-on", fit_arg,
+                 "fit the CPU costs to these measured rank counts first (comma-separated)");
+  app.add_option("--check", check,
+                 "exit 1 where a measured rank count's simulated/measured is off by more than this")
+      ->check(CLI::Range(0.0, 10.0));
   CLI11_PARSE(app, argc, argv);
   try {
     Params p = read_preset(preset);
     std::map<int, Measured> measured;
     if (!measured_path.empty()) measured = read_measured(measured_path);
-    if (fit_most > 0) {
-      if (measured.empty()) throw std::runtime_error("--fit needs --measured");
-      p = fit(p, measured, fit_most);
+    if (!fit_arg.empty()) {
+      if (measured.empty()) throw std::runtime_error("--fit-on needs --measured");
+      p = fit(p, measured, int_list(fit_arg));
       std::printf(
-          "# fitted to the measured rank counts up to %d: rank_us %.1f wake_us %.3f teardown_us %.1f\n",
-          fit_most, p.rank_us, p.wake_us, p.teardown_us);
+          "fitted to %s ranks: \"start_wait_us\": %.1f, \"rank_us\": %.1f, \"link_us\": %.2f, "
+          "\"link_cached_us\": %.2f, \"link_after_us\": %.2f, "
+          "\"teardown_us\": %.1f, \"link_teardown_us\": %.2f, \"teardown_wait_us\": %.1f\n\n",
+          fit_arg.c_str(), p.start_wait_us, p.rank_us, p.link_us, p.link_cached_us, p.link_after_us,
+          p.teardown_us, p.link_teardown_us, p.teardown_wait_us);
     }
-    std::vector<int> ranks;
-    std::stringstream list(ranks_arg);
-    for (std::string item; std::getline(list, item, ',');) ranks.push_back(std::stoi(item));
+    const std::vector<int> ranks = int_list(ranks_arg);
+    int off = 0;
     std::printf(
         "| ranks | creation, simulated (ms) | measured | sim/meas | shrink, simulated (ms) | measured | "
-        "sim/meas | store requests, creation | shrink's | wake-ups, creation | shrink's |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n");
+        "sim/meas | store requests, creation | shrink's | wake-ups, creation | shrink's | links' memory "
+        "(MiB) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int n : ranks) {
       const auto r = chorus::sim::startup::simulate(p, n, true);
       const auto it = measured.find(n);
@@ -161,13 +188,24 @@ int main(int argc, char** argv) {
       };
       const Measured x = it == measured.end() ? Measured{} : it->second;
       const bool have = it != measured.end();
-      std::printf("| %d | %s | %s | %s | %s | %s | %s | %ld | %ld | %ld | %ld |\n", n,
+      std::printf("| %d | %s | %s | %s | %s | %s | %s | %ld | %ld | %ld | %ld | %.0f |\n", n,
                   fmt(r.create_ms).c_str(), have ? fmt(x.create_ms).c_str() : "",
                   have ? ratio(r.create_ms, x.create_ms).c_str() : "", fmt(r.shrink_ms).c_str(),
                   have ? fmt(x.shrink_ms).c_str() : "", have ? ratio(r.shrink_ms, x.shrink_ms).c_str() : "",
-                  r.create.requests, r.shrink.requests, r.create.wakeups, r.shrink.wakeups);
+                  r.create.requests, r.shrink.requests, r.create.wakeups, r.shrink.wakeups,
+                  double(n) * (n - 1) * p.link_bytes / (1 << 20));
+      if (check > 0 && have)
+        for (const auto& [what, s, m] : {std::tuple{"creation", r.create_ms, x.create_ms},
+                                         std::tuple{"shrink", r.shrink_ms, x.shrink_ms}})
+          if (std::abs(s / m - 1) > check) {
+            std::fprintf(
+                stderr,
+                "sim_startup: %d ranks: %s simulated %.1f ms, measured %.1f ms: off by more than %.0f%%\n", n,
+                what, s, m, check * 100);
+            ++off;
+          }
     }
-    return 0;
+    return off == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sim_startup: %s\n", e.what());
     return 2;

@@ -8,7 +8,10 @@
 /// Creation makes no connection there; its time is CPU work and the store:
 ///
 /// - every rank's own set-up (its transport's sockets and threads, the communicator's state):
-///   `rank_us` of a core;
+///   `rank_us` of a core, and per peer (a tcp Link per peer, connected or not) `link_cached_us`
+///   while the process's links (n (n - 1) x `link_bytes`) fit `cache_bytes`, `link_us` past it
+///   (the allocator's new pages and the cache misses of a footprint that grows as n²); after the
+///   all-gathers `link_after_us` per peer (the failure watch posts a notice receive on every link);
 /// - its store requests, as the code makes them (the rendezvous, then `gathers` all-gathers of
 ///   bootstrap/store_gather.hpp: a rank sets its value and reads rank 0's list; rank 0 reads every
 ///   other rank's value in turn and sets the list), `request_us` of a core each;
@@ -16,18 +19,22 @@
 ///   its key came or not; each wake-up is `wake_us` of a core (the herd: n sets with n ranks
 ///   waiting are n² wake-ups, the term that decides at many ranks).
 ///
-/// shrink() after one rank's abort(): every survivor tears its communicator down (`teardown_us`),
+/// shrink() after one rank's abort(): every survivor tears its communicator down (waits
+/// `teardown_wait_us`, no CPU: its threads noticing the end; then `teardown_us` of a core, and
+/// `link_teardown_us` per peer),
 /// then the agreement of impl/standby.hpp's shared-store form (add "arrivals", set "join/<r>"; the
 /// first to arrive waits for every join in turn and sets "decision", the others read it), then the
 /// shrunk communicator's creation as above with n - 1 ranks.
 ///
-/// Cores: the work in hand shares them alike (processor sharing, as the kernel's fair scheduler
-/// gives threads that are runnable together): k items progress at min(1, cores / k) each. A herd
-/// of w wake-ups is w items of `wake_us`.
+/// Cores: as the kernel runs threads of one real-time priority under round robin (the
+/// measurements run under `chrt -r 1`; its 100 ms slice is longer than any piece of work here): a
+/// thread keeps its core until it blocks or ends; runnable threads wait for a core in the order
+/// they became runnable, woken ones at the back.
 /// Deterministic: the same parameters give the same times.
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <queue>
 #include <stdexcept>
@@ -37,10 +44,19 @@ namespace chorus::sim::startup {
 
 struct Params {
   int cores = 2;
-  double rank_us = 0;      ///< a rank's own creation work
-  double request_us = 0;   ///< a store request's CPU (the caller's side; the store is in-process)
-  double wake_us = 0;      ///< one thread woken by a set and checking its keys
-  double teardown_us = 0;  ///< a rank's communicator torn down at the start of shrink
+  double start_wait_us = 0;     ///< what a rank's creation waits before its work (no CPU)
+  double rank_us = 0;           ///< a rank's own creation work
+  double link_us = 0;           ///< ... and per peer (a tcp Link per peer, connected or not), where the
+                                ///< process's links outgrow the cache (below: link_cached_us)
+  double link_cached_us = 0;    ///< ... where they fit it
+  double link_after_us = 0;     ///< per peer after the all-gathers (the notice receive on every link)
+  double link_bytes = 0;        ///< the memory a link takes (its objects and what they allocate)
+  double cache_bytes = 0;       ///< the machine's last-level cache
+  double request_us = 0;        ///< a store request's CPU (the caller's side; the store is in-process)
+  double wake_us = 0;           ///< one thread woken by a set and checking its keys
+  double teardown_us = 0;       ///< a rank's communicator torn down at the start of shrink
+  double link_teardown_us = 0;  ///< ... and per peer
+  double teardown_wait_us = 0;  ///< ... and waited (no CPU: its threads noticing the end)
   int gathers = 0;         ///< the all-gathers of creation (beside the rendezvous)
   int extra_requests = 0;  ///< a rank's other requests at creation (sets of keys nobody waits on)
 };
@@ -61,8 +77,8 @@ namespace detail {
 
 /// One step of a rank's script.
 struct Step {
-  enum Kind : std::uint8_t { cpu, set, get, add } kind;
-  double us = 0;  ///< cpu: the work
+  enum Kind : std::uint8_t { cpu, delay, set, get, add } kind;
+  double us = 0;  ///< cpu: the work; delay: the wait
   int key = -1;   ///< set, get: the key (get blocks until it is set); add: the counter
 };
 
@@ -79,15 +95,19 @@ class Engine {
     pc_.assign(n, 0);
     end_.assign(n, 0.0);
     counts_ = &counts;
-    for (std::size_t r = 0; r < n; ++r) advance(static_cast<int>(r));
-    while (!work_.empty()) {
-      const Item it = work_.top();
-      work_.pop();
-      // The cores are shared alike by the work in hand: k items progress at min(1, cores / k) each.
-      const double k = static_cast<double>(work_.size() + 1);
-      now_ += (it.done - served_) / std::min(1.0, static_cast<double>(std::max(1, p_.cores)) / k);
-      served_ = it.done;
-      if (it.rank >= 0) advance(it.rank);
+    cores_.assign(static_cast<std::size_t>(std::max(1, p_.cores)), -1);
+    for (std::size_t r = 0; r < n; ++r)
+      ready_.push_back({static_cast<int>(r), 0.0});  // started in rank order
+    dispatch();
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      events_.pop();
+      now_ = e.t;
+      if (e.core < 0)
+        ready_.push_back({e.rank, 0.0});  // a delay ended: the rank is runnable again
+      else
+        go_on(e.core, e.rank);  // its work (or its wake-up) ended: it goes on
+      dispatch();
     }
     for (std::size_t r = 0; r < n; ++r)
       if (pc_[r] != scripts_[r].size())
@@ -96,27 +116,52 @@ class Engine {
   }
 
  private:
-  /// CPU work in hand: it ends when the service every item has had reaches `done`.
-  struct Item {
-    double done;
+  struct Event {
+    double t;
     std::uint64_t seq;
-    int rank;  ///< goes on when it ends; -1: none (a woken thread that waits again)
-    bool operator>(const Item& o) const { return done != o.done ? done > o.done : seq > o.seq; }
+    int core;  ///< the core whose work ends (-1: a rank's delay ends)
+    int rank;
+    bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+  struct Ready {
+    int rank;
+    double first_us;  ///< CPU it spends before its step (a woken thread's wake-up)
   };
 
-  void cpu(int rank, double us) { work_.push({served_ + us, seq_++, rank}); }
+  /// Idle cores take runnable ranks in the order they became runnable.
+  void dispatch() {
+    for (std::size_t c = 0; c < cores_.size() && !ready_.empty(); ++c) {
+      if (cores_[c] >= 0) continue;
+      const Ready r = ready_.front();
+      ready_.pop_front();
+      cores_[c] = r.rank;
+      if (r.first_us > 0)
+        events_.push({now_ + r.first_us, seq_++, static_cast<int>(c), r.rank});
+      else
+        go_on(static_cast<int>(c), r.rank);
+    }
+  }
 
-  /// Rank `r` goes on from its current step (its previous one done at now_).
-  void advance(int r) {
+  /// Rank `r`, on core `c`, goes on from its current step until it spends CPU (an event ends it),
+  /// blocks, waits or ends (the core is then idle).
+  void go_on(int c, int r) {
     auto& script = scripts_[static_cast<std::size_t>(r)];
     auto& pc = pc_[static_cast<std::size_t>(r)];
     end_[static_cast<std::size_t>(r)] = now_;
-    if (pc >= script.size()) return;
+    auto busy = [&](double us) { events_.push({now_ + us, seq_++, c, r}); };
+    if (pc >= script.size()) {
+      cores_[static_cast<std::size_t>(c)] = -1;
+      return;
+    }
     const Step& s = script[pc];
     switch (s.kind) {
       case Step::cpu:
         ++pc;
-        cpu(r, s.us);
+        return busy(s.us);
+      case Step::delay:
+        ++pc;
+        cores_[static_cast<std::size_t>(c)] = -1;
+        events_.push({now_ + s.us, seq_++, -1, r});
         return;
       case Step::set:
       case Step::add:
@@ -124,35 +169,28 @@ class Engine {
         ++counts_->requests;
         keys_[static_cast<std::size_t>(s.key)] = true;
         herd();
-        cpu(r, p_.request_us);
-        return;
+        return busy(p_.request_us);
       case Step::get:
-        if (!keys_[static_cast<std::size_t>(s.key)]) {
-          waiting_.push_back(r);  // woken by the next set (every set wakes every waiter)
+        if (!keys_[static_cast<std::size_t>(s.key)]) {  // it waits; the next set wakes it
+          waiting_.push_back(r);
+          cores_[static_cast<std::size_t>(c)] = -1;
           return;
         }
         ++pc;
         ++counts_->requests;
-        cpu(r, p_.request_us);
-        return;
+        return busy(p_.request_us);
     }
   }
 
-  /// A set: every rank blocked in a wait is woken and checks its key (`wake_us` of a core each);
-  /// those whose key came go on after their wake-up, the others wait again.
+  /// A set: every thread blocked in a wait is runnable again (MemoryStore's one condition
+  /// variable); each, when it runs, spends `wake_us` and looks at its key (and waits again if
+  /// it has not come).
   void herd() {
-    std::vector<int> woken;
-    woken.swap(waiting_);
-    for (int w : woken) {
+    for (int w : waiting_) {
       ++counts_->wakeups;
-      const Step& s = scripts_[static_cast<std::size_t>(w)][pc_[static_cast<std::size_t>(w)]];
-      if (keys_[static_cast<std::size_t>(s.key)]) {
-        cpu(w, p_.wake_us);  // then it goes on: its get is charged as it advances
-      } else {
-        cpu(-1, p_.wake_us);
-        waiting_.push_back(w);
-      }
+      ready_.push_back({w, p_.wake_us});
     }
+    waiting_.clear();
   }
 
   Params p_;
@@ -161,9 +199,10 @@ class Engine {
   std::vector<std::size_t> pc_;
   std::vector<double> end_;
   std::vector<int> waiting_;
-  std::priority_queue<Item, std::vector<Item>, std::greater<>> work_;
-  double now_ = 0;     ///< virtual time, us
-  double served_ = 0;  ///< the service each item in hand has had since time 0, us
+  std::vector<int> cores_;  ///< the rank each core runs (-1: idle)
+  std::deque<Ready> ready_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  double now_ = 0;  ///< virtual time, us
   std::uint64_t seq_ = 0;
   Counts* counts_ = nullptr;
 };
@@ -175,6 +214,12 @@ struct Keys {
 };
 
 /// Appends creation's steps for `n` ranks (one script each) to `scripts`; `keys` numbers the keys.
+/// A link's creation work, at `n` ranks in one process (n (n - 1) links there).
+inline double link_cost(const Params& p, int n) {
+  const double footprint = static_cast<double>(n) * (n - 1) * p.link_bytes;
+  return footprint > p.cache_bytes ? p.link_us : p.link_cached_us;
+}
+
 inline void creation(const Params& p, int n, std::vector<std::vector<Step>>& scripts, Keys& keys) {
   const int nonce = keys.make();
   std::vector<int> mine, list;
@@ -184,7 +229,9 @@ inline void creation(const Params& p, int n, std::vector<std::vector<Step>>& scr
   }
   for (int r = 0; r < n; ++r) {
     auto& s = scripts[static_cast<std::size_t>(r)];
-    s.push_back({Step::cpu, p.rank_us, -1});
+    // The rendezvous (bootstrap/impl/rendezvous.hpp), then the transport and the state: their
+    // work, then the layout's all-gathers.
+    if (p.start_wait_us > 0) s.push_back({Step::delay, p.start_wait_us, -1});
     s.push_back({Step::add, 0, keys.make()});  // the rendezvous's generation counter
     if (r == 0) {
       s.push_back({Step::set, 0, keys.make()});  // world size
@@ -193,6 +240,7 @@ inline void creation(const Params& p, int n, std::vector<std::vector<Step>>& scr
       s.push_back({Step::get, 0, nonce});
       s.push_back({Step::get, 0, nonce});  // (world size: set before the nonce)
     }
+    s.push_back({Step::cpu, p.rank_us + link_cost(p, n) * (n - 1), -1});
     for (int e = 0; e < p.extra_requests; ++e) s.push_back({Step::set, 0, keys.make()});
     if (n == 1) continue;
     for (int g = 0; g < p.gathers; ++g) {
@@ -205,6 +253,8 @@ inline void creation(const Params& p, int n, std::vector<std::vector<Step>>& scr
         s.push_back({Step::get, 0, list[static_cast<std::size_t>(g)]});
       }
     }
+    // Then the failure watch's notice receive on every link (diag/), and the rest of the state.
+    s.push_back({Step::cpu, p.link_after_us * (n - 1), -1});
   }
 }
 
@@ -231,7 +281,8 @@ inline Result simulate(const Params& p, int n, bool shrink) {
   for (int& k : join) k = keys.make();
   for (int r = 0; r < m; ++r) {
     auto& s = scripts[static_cast<std::size_t>(r)];
-    s.push_back({detail::Step::cpu, p.teardown_us, -1});
+    s.push_back({detail::Step::delay, p.teardown_wait_us, -1});
+    s.push_back({detail::Step::cpu, p.teardown_us + p.link_teardown_us * (n - 1), -1});
     s.push_back({detail::Step::add, 0, arrivals});
     s.push_back({detail::Step::set, 0, join[static_cast<std::size_t>(r)]});
     if (r == 0) {  // the first to arrive coordinates: rank 0 of the survivors here
