@@ -9,8 +9,8 @@
 ///
 /// - every rank's own set-up (its transport's sockets and threads, the communicator's state):
 ///   `rank_us` of a core, and per peer (a tcp Link per peer, connected or not) `link_cached_us`
-///   while the process's links (n (n - 1) x `link_bytes`) fit `cache_bytes`, `link_us` past it
-///   (the allocator's new pages and the cache misses of a footprint that grows as n²); after the
+///   while the process's links (n (n - 1) x `link_bytes`) fit `cache_bytes`, rising to `link_us`
+///   at twice it (the allocator's new pages and the cache misses of a footprint that grows as n²); after the
 ///   all-gathers `link_after_us` per peer (the failure watch posts a notice receive on every link);
 /// - its store requests, as the code makes them (the rendezvous, then `gathers` all-gathers of
 ///   bootstrap/store_gather.hpp: a rank sets its value and reads rank 0's list; rank 0 reads every
@@ -217,7 +217,9 @@ struct Keys {
 /// A link's creation work, at `n` ranks in one process (n (n - 1) links there).
 inline double link_cost(const Params& p, int n) {
   const double footprint = static_cast<double>(n) * (n - 1) * p.link_bytes;
-  return footprint > p.cache_bytes ? p.link_us : p.link_cached_us;
+  // From the cache's size to twice it, a growing share of the links' memory is outside it.
+  const double outside = p.cache_bytes > 0 ? std::clamp(footprint / p.cache_bytes - 1, 0.0, 1.0) : 1.0;
+  return p.link_cached_us + (p.link_us - p.link_cached_us) * outside;
 }
 
 inline void creation(const Params& p, int n, std::vector<std::vector<Step>>& scripts, Keys& keys) {
