@@ -321,15 +321,7 @@ class BlockPool {
  public:
   static constexpr std::size_t kMaxFree = 256;
 
-  /// `keep`: room for kMaxFree blocks now; else a block coming back is freed until keep().
-  explicit BlockPool(bool keep = true) {
-    if (keep) free_.reserve(kMaxFree);
-  }
-  /// Room for kMaxFree blocks (once; a tcp link's pool when it connects: most never do).
-  void keep() {
-    std::lock_guard lk(mu_);
-    if (free_.capacity() == 0) free_.reserve(kMaxFree);
-  }
+  BlockPool() = default;
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
   ~BlockPool() {
@@ -351,7 +343,9 @@ class BlockPool {
   void put(void* p, std::size_t n) {
     {
       std::lock_guard lk(mu_);
-      if (n == size_ && free_.size() < kMaxFree && free_.size() < free_.capacity()) {  // never grows
+      if (n == size_ && free_.size() < kMaxFree) {
+        // At the first block back, not before: a pool per link, and most of n - 1 links never used.
+        if (free_.capacity() == 0) free_.reserve(kMaxFree);
         free_.push_back(p);
         return;
       }
@@ -385,16 +379,9 @@ struct PoolAllocator {
 /// The request states of one link: pooled, each naming the link's ends and its engine.
 class RequestFactory {
  public:
-  /// `keep_blocks`: the pool keeps blocks from now (else from keep_blocks(); see BlockPool).
-  RequestFactory(int rank, int peer, std::chrono::milliseconds timeout, std::weak_ptr<Driver> driver,
-                 bool keep_blocks = true)
-      : rank_(rank),
-        peer_(peer),
-        timeout_(timeout),
-        driver_(std::move(driver)),
-        pool_(std::make_shared<BlockPool>(keep_blocks)) {}
+  RequestFactory(int rank, int peer, std::chrono::milliseconds timeout, std::weak_ptr<Driver> driver)
+      : rank_(rank), peer_(peer), timeout_(timeout), driver_(std::move(driver)) {}
   const std::weak_ptr<Driver>& driver() const { return driver_; }
-  void keep_blocks() { pool_->keep(); }
 
   std::shared_ptr<RequestState> make(const char* verb, std::uint64_t tag, std::size_t bytes,
                                      std::string (*format)(const char*, std::uint64_t, std::size_t)) {
@@ -409,7 +396,7 @@ class RequestFactory {
   int peer_;
   std::chrono::milliseconds timeout_;
   std::weak_ptr<Driver> driver_;
-  std::shared_ptr<BlockPool> pool_;
+  std::shared_ptr<BlockPool> pool_ = std::make_shared<BlockPool>();
 };
 
 }  // namespace detail

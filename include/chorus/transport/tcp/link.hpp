@@ -180,7 +180,7 @@ class Link {
         peer_(peer),
         io_(io),
         socket_(io),
-        requests_(rank, peer, timeout, std::move(driver), false),
+        requests_(rank, peer, timeout, std::move(driver)),
         token_(token) {
     for (int i = 1; i < streams; ++i) extra_.push_back(std::make_unique<Stream>(io, i));
   }
@@ -188,7 +188,8 @@ class Link {
   Link& operator=(const Link&) = delete;
 
   int peer() const { return peer_; }
-  /// Bytes held: the link, its buffers (made at its first use), streams, eager messages waiting for receives.
+  /// Bytes this link holds: itself, its buffers once made (at its first use), its streams and the eager
+  /// messages waiting for receives (at most about Policy::kMaxUnexpectedBytes: reading pauses past it).
   std::size_t memory_bytes() const {
     return sizeof(*this) + (inbuf_ ? kInBufBytes : 0) + handlers_.memory_bytes() +
            extra_.size() * sizeof(Stream) + unexpected_bytes_;
@@ -219,8 +220,8 @@ class Link {
     return requests_.driver();
   }
 
-  /// Runs `op` (start_send or start_recv) here when nobody runs the io_context and no earlier one waits
-  /// in its queue (order kept; a handler and a wake-up saved), else posts it.
+  /// Runs `op` (start_send or start_recv) here when nobody runs the io_context and no earlier one
+  /// waits in its queue (order is kept; a handler and a wake-up saved), else posts it there.
   template <class F>
   void start(F op) {
     if (!token_.held_here() && token_.try_acquire()) {
@@ -261,9 +262,8 @@ class Link {
     write_next();
   }
 
-  /// Starts reading frames (and the request pool keeps blocks); called once the handshakes are done.
+  /// Starts reading frames; called once the handshakes are done.
   void start() {
-    requests_.keep_blocks(), batch_.reserve(2 * kMaxBatch);  // a write never grows batch_
     read_header();
     for (auto& s : extra_) read_stream(*s);
   }
