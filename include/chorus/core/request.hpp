@@ -321,7 +321,7 @@ class BlockPool {
  public:
   static constexpr std::size_t kMaxFree = 256;
 
-  BlockPool() = default;
+  BlockPool() { free_.reserve(kMaxFree); }
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
   ~BlockPool() {
@@ -344,8 +344,6 @@ class BlockPool {
     {
       std::lock_guard lk(mu_);
       if (n == size_ && free_.size() < kMaxFree) {
-        // At the first block back, not before: a pool per link, and most of n - 1 links never used.
-        if (free_.capacity() == 0) free_.reserve(kMaxFree);
         free_.push_back(p);
         return;
       }

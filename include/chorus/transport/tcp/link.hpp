@@ -183,17 +183,15 @@ class Link {
         requests_(rank, peer, timeout, std::move(driver)),
         token_(token) {
     for (int i = 1; i < streams; ++i) extra_.push_back(std::make_unique<Stream>(io, i));
+    batch_.reserve(2 * kMaxBatch);  // a header and a payload per frame: a write never grows it
   }
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
   int peer() const { return peer_; }
-  /// Bytes this link holds: itself, its buffers once made (at its first use), its streams and the eager
-  /// messages waiting for receives (at most about Policy::kMaxUnexpectedBytes: reading pauses past it).
-  std::size_t memory_bytes() const {
-    return sizeof(*this) + (inbuf_ ? kInBufBytes : 0) + handlers_.memory_bytes() +
-           extra_.size() * sizeof(Stream) + unexpected_bytes_;
-  }
+  /// Bytes this link holds: itself (its read buffer included) and the eager messages waiting for
+  /// their receives (at most about Policy::kMaxUnexpectedBytes: reading pauses past it).
+  std::size_t memory_bytes() const { return sizeof(*this) + extra_.size() * sizeof(Stream) + unexpected_bytes_; }
   /// The connections to the peer (CHORUS_SOCKETS_PER_PEER).
   int streams() const { return 1 + static_cast<int>(extra_.size()); }
 
@@ -220,8 +218,9 @@ class Link {
     return requests_.driver();
   }
 
-  /// Runs `op` (start_send or start_recv) here when nobody runs the io_context and no earlier one
-  /// waits in its queue (order is kept; a handler and a wake-up saved), else posts it there.
+  /// Runs `op` (start_send or start_recv) on this thread when nobody runs the io_context and no
+  /// earlier operation still waits in its queue (order is kept), else posts it there. Running it
+  /// here saves a handler and the reactor's wake-up on the latency path.
   template <class F>
   void start(F op) {
     if (!token_.held_here() && token_.try_acquire()) {
@@ -233,11 +232,10 @@ class Link {
       token_.release();
     }
     queued_starts_.fetch_add(1, std::memory_order_relaxed);
-    auto run = [this, op = std::move(op)] { queued_starts_.fetch_sub(1, std::memory_order_relaxed), op(); };
-    // An unconnected link takes no handlers_ blocks (the notice receives on every link: most never connect).
-    if (up_.load(std::memory_order_relaxed))
-      return asio::post(io_, detail::bind_memory(handlers_, std::move(run)));
-    asio::post(io_, std::move(run));
+    asio::post(io_, detail::bind_memory(handlers_, [this, op = std::move(op)] {
+      queued_starts_.fetch_sub(1, std::memory_order_relaxed);
+      op();
+    }));
   }
 
   // ---- progress thread only ----
@@ -400,10 +398,11 @@ class Link {
 
   // ---- reading: header, then the payload it announces ----
 
-  // Reads go through inbuf_: one recv takes a header and what follows it (the next frames), so a
-  // small message costs one system call, not two; a longer payload is read straight into its
-  // destination after the buffered part. read_header() parses in a loop (a trampoline: a handler
-  // that calls it while it runs only asks for another round): a burst of frames nests no calls.
+  // Reads go through inbuf_: one recv takes a header and what follows it (a small message's
+  // payload, the next frames), so a small message costs one system call, not two. A payload
+  // longer than what is buffered is read straight into its destination after the buffered part.
+  // read_header() parses in a loop (a trampoline: a handler that calls it while it runs only asks
+  // for another round), so a burst of buffered frames does not nest calls.
 
   void read_header();
 
@@ -473,8 +472,7 @@ class Link {
   detail::ReqPtr reading_into_;  ///< the receive whose payload is being read, if any
   detail::FrameHeader in_;
   static constexpr std::size_t kInBufBytes = 16 << 10;
-  std::unique_ptr<std::byte[]>
-      inbuf_;  ///< bytes read, not yet parsed: [in_begin_, in_end_); at the first read
+  std::array<std::byte, kInBufBytes> inbuf_;  ///< bytes read and not yet parsed: [in_begin_, in_end_)
   std::size_t in_begin_ = 0;
   std::size_t in_end_ = 0;
   bool parsing_ = false;  ///< read_header's loop runs

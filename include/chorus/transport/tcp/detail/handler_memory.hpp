@@ -11,7 +11,6 @@
 
 #include <array>
 #include <cstddef>
-#include <memory>
 #include <mutex>
 #include <new>
 #include <utility>
@@ -34,42 +33,29 @@ class HandlerMemory {
   void* allocate(std::size_t n) {
     if (n <= kBlockBytes) {
       std::lock_guard lk(mu_);
-      // The blocks are made at the first operation: at n ranks a rank holds n - 1 links, most
-      // never used.
-      if (!storage_) storage_ = std::make_unique<std::array<Block, kBlocks>>();
-      if (free_count_ > 0) return (*storage_)[free_[--free_count_]].bytes;
+      if (free_count_ > 0) return storage_[free_[--free_count_]].bytes;
     }
     return ::operator new(n);
   }
   void deallocate(void* p) {
     auto* b = static_cast<std::byte*>(p);
-    {
+    auto* first = storage_[0].bytes;
+    if (b >= first && b < first + sizeof storage_) {
       std::lock_guard lk(mu_);
-      if (storage_) {
-        auto* first = (*storage_)[0].bytes;
-        if (b >= first && b < first + sizeof(*storage_)) {
-          free_[free_count_++] =
-              static_cast<unsigned char>(static_cast<std::size_t>(b - first) / sizeof(Block));
-          return;
-        }
-      }
+      free_[free_count_++] = static_cast<unsigned char>(static_cast<std::size_t>(b - first) / sizeof(Block));
+      return;
     }
     ::operator delete(p);
-  }
-  /// The blocks' bytes, once made.
-  std::size_t memory_bytes() const {
-    std::lock_guard lk(mu_);
-    return storage_ ? sizeof(*storage_) : 0;
   }
 
  private:
   struct alignas(std::max_align_t) Block {
     std::byte bytes[kBlockBytes];
   };
-  std::unique_ptr<std::array<Block, kBlocks>> storage_;
+  std::array<Block, kBlocks> storage_;
   std::array<unsigned char, kBlocks> free_{};
   std::size_t free_count_ = kBlocks;
-  mutable std::mutex mu_;
+  std::mutex mu_;
 };
 
 /// An allocator over a HandlerMemory (Asio rebinds it to its operation types).

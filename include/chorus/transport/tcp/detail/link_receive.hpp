@@ -72,7 +72,7 @@ inline void Link::read_header() {
     again_ = false;
     if (failed_) break;
     if (in_end_ - in_begin_ >= sizeof in_) {
-      std::memcpy(&in_, inbuf_.get() + in_begin_, sizeof in_);
+      std::memcpy(&in_, inbuf_.data() + in_begin_, sizeof in_);
       in_begin_ += sizeof in_;
       on_header();
     } else {
@@ -83,20 +83,17 @@ inline void Link::read_header() {
 }
 
 inline void Link::fill_inbuf() {
-  // The buffer is made at the first read: at n ranks a rank holds n - 1 links, most never used.
-  if (!inbuf_) inbuf_ = std::make_unique_for_overwrite<std::byte[]>(kInBufBytes);
   const std::size_t left = in_end_ - in_begin_;
-  if (left != 0 && in_begin_ != 0) std::memmove(inbuf_.get(), inbuf_.get() + in_begin_, left);
+  if (left != 0 && in_begin_ != 0) std::memmove(inbuf_.data(), inbuf_.data() + in_begin_, left);
   in_begin_ = 0;
   in_end_ = left;
-  socket_.async_read_some(
-      asio::buffer(inbuf_.get() + in_end_, kInBufBytes - in_end_),
-      detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t n) {
-        if (failed_) return;
-        if (ec) return on_read_error_between_frames(ec);
-        in_end_ += n;
-        read_header();
-      }));
+  socket_.async_read_some(asio::buffer(inbuf_.data() + in_end_, inbuf_.size() - in_end_),
+                          detail::bind_memory(handlers_, [this](const boost::system::error_code& ec, std::size_t n) {
+                            if (failed_) return;
+                            if (ec) return on_read_error_between_frames(ec);
+                            in_end_ += n;
+                            read_header();
+                          }));
 }
 
 inline void Link::on_header() {
@@ -186,7 +183,7 @@ template <class F>
 inline void Link::read_payload(MutableBytes dst, F done, detail::ReqPtr into) {
   // What is buffered first, then the rest from the socket.
   const std::size_t have = std::min(dst.size, in_end_ - in_begin_);
-  if (have != 0) std::memcpy(dst.data, inbuf_.get() + in_begin_, have);
+  if (have != 0) std::memcpy(dst.data, inbuf_.data() + in_begin_, have);
   in_begin_ += have;
   if (have == dst.size) {
     done();

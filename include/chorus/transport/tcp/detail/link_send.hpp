@@ -64,7 +64,6 @@ inline void Link::write_next() {
   // The frames stay in the queue until the write completes; their headers are copied to
   // batch_headers_, since the queue may reallocate while more frames are appended.
   batch_.clear();
-  if (batch_.capacity() == 0) batch_.reserve(2 * kMaxBatch);  // at the first write: later ones never grow it
   batch_frames_ = 0;
   std::size_t batch_bytes = 0;
   for (auto& f : write_queue_) {
