@@ -61,7 +61,7 @@ struct Params {
   int extra_requests = 0;  ///< a rank's other requests at creation (sets of keys nobody waits on)
 };
 
-/// The requests a run made, counted as the code makes them (to check against the store's own count).
+/// What a run did: the store requests it made (as the code makes them) and the threads a set woke.
 struct Counts {
   long requests = 0;
   long wakeups = 0;
