@@ -178,11 +178,13 @@ constexpr bool same_bits(T a, T b) noexcept {
 // ---------------------------------------------------------------------------------------------
 // Inputs
 
-/// Data for collectives that only move elements: any encoding (NaNs too), unique per rank/index.
+namespace detail {
+/// pattern()'s value (below).
 template <Element T>
-constexpr T pattern(std::uint64_t seed, int rank, std::size_t index) noexcept {
+constexpr T pattern_value(std::uint64_t seed, int rank, std::size_t index) noexcept {
   return from_bits<T>(hash(seed, static_cast<std::uint64_t>(rank) + 1, index, 0xDA7A));
 }
+}  // namespace detail
 
 namespace detail {
 
@@ -386,20 +388,16 @@ constexpr std::uint64_t index_hash(std::uint64_t seed, std::size_t index, Reduce
   return hash(seed, 0, index, 0x1DE7 + static_cast<std::uint64_t>(op));
 }
 
-}  // namespace detail
-
-/// Input of `rank` (of `world`) at `index` for a reduction with `op` (see the top of the file).
+/// input()'s value (below).
 template <Element T>
-constexpr T input(std::uint64_t seed, int world, int rank, std::size_t index, ReduceOp op) noexcept {
+constexpr T input_value(std::uint64_t seed, int world, int rank, std::size_t index, ReduceOp op) noexcept {
   return detail::input_from<T>(detail::rank_hash(seed, rank, index, op), detail::index_hash(seed, index, op),
                                world, rank, index, op);
 }
 
-/// The exact result at `index` of reducing input<T>(seed, world, r, index, op) over r in
-/// [0, world): all_reduce's out[index], reduce's on the root; reduce_scatter's out[i] on rank r is
-/// expected_all_reduce(seed, world, r * count + i, op).
+/// expected_all_reduce()'s value (below).
 template <Element T>
-constexpr T expected_all_reduce(std::uint64_t seed, int world, std::size_t index, ReduceOp op) noexcept {
+constexpr T expected_value(std::uint64_t seed, int world, std::size_t index, ReduceOp op) noexcept {
   const std::uint64_t hi = detail::index_hash(seed, index, op);
   auto input = [&](std::uint64_t, int, int r, std::size_t, ReduceOp) {
     return detail::input_from<T>(detail::rank_hash(seed, r, index, op), hi, world, r, index, op);
@@ -458,6 +456,44 @@ constexpr T expected_all_reduce(std::uint64_t seed, int world, std::size_t index
     return from_double<T>(acc);
   }
 }
+
+}  // namespace detail
+
+// The three functions every collective test calls once or more per element. Where the tests'
+// build defines CHORUS_TEST_REFERENCE_COMPILED (chorus_test_support does), they are declared here
+// and compiled once, for the twelve element types, in support/fill.cpp: at -O2 and without the
+// sanitizers' instrumentation (tests/CMakeLists.txt, chorus_test_reference). In the dtype
+// matrices they were over a third of the tests' CPU time, compiled at the tests' -O1 in every
+// unit that called them (and instrumented in the sanitizer builds).
+
+/// Data for collectives that only move elements: any encoding (NaNs too), unique per rank/index.
+template <Element T>
+T pattern(std::uint64_t seed, int rank, std::size_t index) noexcept;
+
+/// Input of `rank` (of `world`) at `index` for a reduction with `op` (see the top of the file).
+template <Element T>
+T input(std::uint64_t seed, int world, int rank, std::size_t index, ReduceOp op) noexcept;
+
+/// The exact result at `index` of reducing input<T>(seed, world, r, index, op) over r in
+/// [0, world): all_reduce's out[index], reduce's on the root; reduce_scatter's out[i] on rank r is
+/// expected_all_reduce(seed, world, r * count + i, op).
+template <Element T>
+T expected_all_reduce(std::uint64_t seed, int world, std::size_t index, ReduceOp op) noexcept;
+
+#if !defined(CHORUS_TEST_REFERENCE_COMPILED) || defined(CHORUS_TEST_REFERENCE_DEFINE)
+template <Element T>
+T pattern(std::uint64_t seed, int rank, std::size_t index) noexcept {
+  return detail::pattern_value<T>(seed, rank, index);
+}
+template <Element T>
+T input(std::uint64_t seed, int world, int rank, std::size_t index, ReduceOp op) noexcept {
+  return detail::input_value<T>(seed, world, rank, index, op);
+}
+template <Element T>
+T expected_all_reduce(std::uint64_t seed, int world, std::size_t index, ReduceOp op) noexcept {
+  return detail::expected_value<T>(seed, world, index, op);
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Checking
