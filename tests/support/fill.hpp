@@ -184,9 +184,6 @@ template <Element T>
 constexpr T pattern_value(std::uint64_t seed, int rank, std::size_t index) noexcept {
   return from_bits<T>(hash(seed, static_cast<std::uint64_t>(rank) + 1, index, 0xDA7A));
 }
-}  // namespace detail
-
-namespace detail {
 
 template <class T>
 constexpr bool is_nan_bits(std::uint64_t b) noexcept {
