@@ -25,6 +25,22 @@ if(NOT result EQUAL 0)
                       "${output}${error_output}")
 endif()
 
+# The cases of the doctest test suite "waits" (TEST_CASE(name * doctest::test_suite("waits"))):
+# cases that spend most of their time waiting (for a timeout, a stalled peer) get the ctest label
+# `waits` as well, which scripts/run-tests runs in a second ctest beside the others. Kept as
+# "\n<name>\n" lines, matched as whole lines.
+execute_process(
+  COMMAND ${TEST_EMULATOR} "${TEST_EXECUTABLE}" --list-test-cases --test-suite=waits
+  WORKING_DIRECTORY "${TEST_WORKING_DIR}"
+  OUTPUT_VARIABLE waits_output
+  ERROR_VARIABLE error_output
+  RESULT_VARIABLE result)
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "chorus: listing the waits cases of '${TEST_EXECUTABLE}' failed (${result}):\n"
+                      "${waits_output}${error_output}")
+endif()
+set(waits_output "\n${waits_output}\n")
+
 # A bracket argument that cannot be closed by its content.
 function(bracket out value)
   set(eq "=")
@@ -62,11 +78,16 @@ while(NOT output STREQUAL "")
   # the escape character.
   string(REPLACE "\\" "\\\\" filter "${name}")
   string(REPLACE "," "\\," filter "${filter}")
+  set(labels "${TEST_LABEL}")
+  string(FIND "${waits_output}" "\n${name}\n" at)
+  if(NOT at EQUAL -1)
+    set(labels "${TEST_LABEL};waits")
+  endif()
   bracket(name_arg "${TEST_PREFIX}${name}")
   bracket(filter_arg "--test-case=${filter}")
   string(APPEND script
     "add_test(${name_arg} ${emulator_args}${exe_arg} ${filter_arg})\n"
-    "set_tests_properties(${name_arg} PROPERTIES WORKING_DIRECTORY ${dir_arg} LABELS ${TEST_LABEL}"
+    "set_tests_properties(${name_arg} PROPERTIES WORKING_DIRECTORY ${dir_arg} LABELS \"${labels}\""
     " TIMEOUT ${TEST_TIMEOUT} SKIP_RETURN_CODE 77)\n")
   math(EXPR count "${count} + 1")
 endwhile()
