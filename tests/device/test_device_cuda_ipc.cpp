@@ -293,7 +293,8 @@ TEST_CASE("cuda_ipc: a rank whose stream fails in a device-synchronised step fai
 // timeout of 4 s: the others' device waits on its flag give up after the timeout and their calls
 // fail with timeout naming rank 2 (a survivor whose wait was slower may hear of the other's abort
 // first: peer_failure naming it); rank 2 fails too (its peers aborted). Nothing waits forever.
-TEST_CASE("cuda_ipc: a device wait on a late rank's step flag times out naming it, world 3") {
+TEST_CASE("cuda_ipc: a device wait on a late rank's step flag times out naming it, world 3" *
+          doctest::test_suite("waits")) {
   auto opts = options();
   opts.comm_timeout = 4s;
   chorus::test::run_processes(

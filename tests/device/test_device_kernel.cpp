@@ -348,7 +348,8 @@ TEST_CASE("kernel: a late rank, ranks as threads: a timeout naming it, LL and di
 // Processes: rank 2's kernel is held 12 s before it starts (a slow stream), with a timeout of
 // 4 s: the others' kernels give up at their first barrier with timeout naming rank 2 (or, where
 // the other survivor gave up first, peer_failure naming it).
-TEST_CASE("kernel: a late rank, ranks as processes over cuda_ipc: a timeout naming it, world 3") {
+TEST_CASE("kernel: a late rank, ranks as processes over cuda_ipc: a timeout naming it, world 3" *
+          doctest::test_suite("waits")) {
   auto opts = process_options();
   opts.comm_timeout = 4s;
   chorus::test::run_processes(

@@ -24,7 +24,7 @@ using chorus::test::expect;
 using chorus::test::expect_eq;
 using Comm = chorus::Communicator<chorus::rdma::Transport>;
 
-TEST_CASE("rdma: the survivors of a kill shrink and go on") {
+TEST_CASE("rdma: the survivors of a kill shrink and go on" * doctest::test_suite("waits")) {
   chorus::test::FakeFabric fabric;
   auto p = fabric.options(120s, 8s);
   p.expect_killed = {1};

@@ -271,7 +271,8 @@ TEST_CASE_TEMPLATE("recv_any: a size mismatch names the sender; bad arguments", 
 // Nobody sends: the receive from any source times out after the communicator's timeout (not
 // before, not much later) with timeout naming the operation. The other ranks stay until then,
 // so that it is the timeout and not their leaving that ends it.
-TEST_CASE_TEMPLATE("recv_any: times out", M, InprocThreads, TcpThreads, ShmProcesses) {
+TEST_CASE_TEMPLATE("recv_any: times out" * doctest::test_suite("waits"), M, InprocThreads, TcpThreads,
+                   ShmProcesses) {
   constexpr auto kShort = 1500ms;
   run_world<M>(
       3,

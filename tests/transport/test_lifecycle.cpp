@@ -211,7 +211,8 @@ TEST_CASE_TEMPLATE("lifecycle: abort from another thread frees every rank", M, I
 // for less than the timeout but finishes after more than the timeout since the wait began. Its
 // timeout counts from when it starts running, so it completes. (Timeout 2 s; rank 1 joins the
 // first call after 1.2 s and the second 1.2 s later.)
-TEST_CASE("lifecycle: a queued call's timeout counts from when it starts running") {
+TEST_CASE("lifecycle: a queued call's timeout counts from when it starts running" *
+          doctest::test_suite("waits")) {
   run_ranks<InprocThreads>(
       2,
       [](int rank, chorus::Options o) {
@@ -272,7 +273,8 @@ TEST_CASE_TEMPLATE("lifecycle: collectives from two threads at once on one commu
 // aborts, so the other one fails with peer_failure (or times out too). Every rank dumps its
 // flight recorder into CHORUS_DUMP_DIR: for its timeout or for the peer failure (rank 2 meets
 // it on its next call).
-TEST_CASE("lifecycle: a timeout names the late rank, and every rank dumps its flight recorder") {
+TEST_CASE("lifecycle: a timeout names the late rank, and every rank dumps its flight recorder" *
+          doctest::test_suite("waits")) {
   const std::string dir = make_temp_dir();
   run_ranks<TcpProcesses>(
       3,
