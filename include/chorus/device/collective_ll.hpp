@@ -48,7 +48,7 @@ CHORUS_HOST_DEVICE inline bool ll_read(const CollectiveLaunch& a, BlockShared& s
     }
     if ((spins & 31) == 31) {
       if (must_give_up(a, sh, q, own)) return false;
-      relax();
+      relax(spins);
     }
   }
 }

@@ -83,10 +83,18 @@ CHORUS_HOST_DEVICE inline std::uint64_t now_ns() {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
 #endif
 }
-/// Between two polls of a spin: the host yields its core (ranks may outnumber cores).
-CHORUS_HOST_DEVICE inline void relax() {
+/// Between two polls of a spin (`spins`: the spin's polls so far): the host yields its core (ranks
+/// may outnumber cores), and once the spin has gone on for 2^16 polls (a millisecond or more: a
+/// late peer, a timeout to come) it sleeps 50 us between polls instead, so that a wait of seconds
+/// does not keep a core busy. A GPU spins.
+CHORUS_HOST_DEVICE inline void relax(unsigned spins) {
 #if !defined(__CUDA_ARCH__)
-  std::this_thread::yield();
+  if (spins < (1u << 16))
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+#else
+  (void)spins;
 #endif
 }
 
@@ -135,7 +143,7 @@ CHORUS_HOST_DEVICE inline bool wait_at_least(const CollectiveLaunch& a, BlockSha
     if (load_acquire(word) >= target) return true;
     if ((spins & 31) == 31) {
       if (must_give_up(a, sh, q)) return false;
-      relax();
+      relax(spins);
     }
   }
 }
