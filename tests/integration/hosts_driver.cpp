@@ -54,8 +54,8 @@
 #include "chorus/chorus.hpp"
 #include "support/port_store.hpp"
 // support/fill.hpp comes with support/spawn.hpp, which includes doctest: this program has no
-// doctest cases and no doctest main, but the header's definitions need doctest's implementation.
-#define DOCTEST_CONFIG_IMPLEMENT
+// doctest cases and no doctest main, and takes doctest's implementation from chorus_test_doctest
+// (tests/CMakeLists.txt).
 #include "support/fill.hpp"
 
 namespace {
