@@ -9,7 +9,11 @@
 #                                    small test file, are parsed once per batch), so each file keeps
 #                                    its names in a namespace of its own (<dir>_<stem>). tests/cuda:
 #                                    one executable per file.
-#   each doctest TEST_CASE       ->  one ctest test "<dir>.<case name>", LABELS <dir>, TIMEOUT 300.
+#   each doctest TEST_CASE       ->  one ctest test "<dir>.<case name>", LABELS <dir>, TIMEOUT 300;
+#                                    a case of the doctest suite "waits" (TEST_CASE(name *
+#                                    doctest::test_suite("waits")), or TEST_SUITE_BEGIN("waits")):
+#                                    LABELS <dir> and waits (it mostly waits: scripts/run-tests
+#                                    runs that label in a second ctest beside the others).
 #   the executables of a <dir>   ->  aggregate target chorus_tests_<dir> (build one label alone).
 #
 # Tests that run ranks as processes re-run their own executable, so nothing else is registered.
