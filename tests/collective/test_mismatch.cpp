@@ -178,7 +178,7 @@ using chorus::test::TcpThreads;
 }  // namespace
 
 // Every case here spends most of its time waiting (about 0.3 s for a mismatch to surface where a
-// rank only waits on a peer that called something else; 91 cases, 34 s of wall and 7 CPU-s in
+// rank only waits on a peer that called something else; 88 cases, 34 s of wall and 7 CPU-s in
 // all, release build, one at a time): the doctest suite "waits", which gives them the ctest label
 // `waits` (cmake/ChorusDoctestAddTests.cmake), run beside the other tests (scripts/run-tests).
 TEST_SUITE_BEGIN("waits");
