@@ -310,10 +310,6 @@ constexpr bool float_less(T a, T b) noexcept {
   return std::signbit(x) && !std::signbit(y);
 }
 
-}  // namespace detail
-
-namespace detail {
-
 /// input_from()'s value for a floating-point sum, avg, premul_sum or prod, as the double it is
 /// made from: representable in T by construction, so from_double<T> of it is exact, and
 /// expected_value() sums or multiplies these doubles without the round trip through T.
