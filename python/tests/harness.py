@@ -50,12 +50,21 @@ def _child(rank, world, store_path, backend, pg_timeout, target, args, out, env)
         out.put((rank, "error", traceback.format_exc()))
 
 
+def forkserver(*modules):
+    """multiprocessing's forkserver context, its server preloading torch, torch.distributed,
+    chorus_torch and `modules` (the caller's own, whose functions its children run). The server is
+    one per process, started by its first child, and preloads the list given before that start; a
+    module not in it is imported by the child that needs it."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "chorus_torch", *modules])
+    return ctx
+
+
 def run(tmp_path, world, target, *args, backend="chorus", timeout=240, pg_timeout=60, may_die=(), tcp_port=None):
     """Runs target on `world` ranks; returns {rank: value}. Ranks in `may_die` may end without a
     result (a test that kills them); the others must return. With tcp_port, the ranks meet through
     the TCPStore the caller hosts on that port instead of a FileStore."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "chorus_torch"])  # before its first start
+    ctx = forkserver()
     out = ctx.Queue()
     store_path = tcp_port if tcp_port is not None else os.path.join(str(tmp_path), "store-%d" % time.monotonic_ns())
     procs = [

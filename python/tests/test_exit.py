@@ -17,7 +17,6 @@ costs no interpreter start, and two runs go at once.
 """
 
 import datetime
-import multiprocessing
 import os
 import shutil
 import socket
@@ -25,6 +24,8 @@ import subprocess
 import time
 
 import pytest
+
+import harness
 
 RUNS = {3: 25, 4: 25}
 RUN_TIMEOUT = 30.0  # seconds for one run (rendezvous to exit); a clean run takes about a second
@@ -137,8 +138,7 @@ class _Run:
 def run_many(runs, parallel=PARALLEL, max_hangs=MAX_HANGS):
     """Runs the program runs[world] times at each world size, `parallel` runs at once. Returns
     (runs done, hangs, failure texts)."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "chorus_torch", __name__])
+    ctx = harness.forkserver(__name__)
     todo = [w for w, n in sorted(runs.items()) for _ in range(n)]
     active, done, hangs, failures = [], 0, 0, []
     try:
