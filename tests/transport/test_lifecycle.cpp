@@ -153,6 +153,45 @@ TEST_CASE_TEMPLATE("lifecycle: destruction with a pending, never-joined collecti
   });
 }
 
+// A rank whose creation fails tells the others through the store (bootstrap/creation_notice.hpp):
+// rank 0, which waits in its creation for rank 1, fails at once with rank 1's words instead of
+// waiting out its 60 s timeout. Rank 1 fails in rendezvous (a world size other than rank 0's) or
+// after it (a forced algorithm that does not exist: invalid_argument in the plan's overrides).
+TEST_CASE_TEMPLATE("lifecycle: a rank whose creation fails tells the others at once", M, InprocThreads,
+                   TcpProcesses, AutoProcesses) {
+  for (const bool world_size : {true, false}) {
+    CAPTURE(world_size);
+    run_ranks<M>(2, [world_size](int rank, chorus::Options o) {
+      using Comm = chorus::Communicator<typename M::Transport>;
+      if (rank == 1) {
+        if (world_size) {
+          o.world_size = 3;
+          const auto e = expect_error(
+              ErrorCode::mismatch, [&] { (void)Comm::create(std::move(o)); }, "rank 1's creation");
+          expect(contains(e.what(), "world size 3 here but 2 on rank 0"), e.what());
+        } else {
+          o.algorithm = "no_such_algorithm";
+          expect_error(
+              ErrorCode::invalid_argument, [&] { (void)Comm::create(std::move(o)); }, "rank 1's creation");
+        }
+        return;
+      }
+      const auto t0 = Clock::now();
+      const auto e = expect_error(
+          world_size ? ErrorCode::mismatch : ErrorCode::peer_failure,
+          [&] { (void)Comm::create(std::move(o)); }, "rank 0's creation");
+      const auto ms = ms_since(t0);
+      MESSAGE("rank 0 failed after " << ms << " ms: " << std::string(e.what()));
+      expect(e.rank() == 0 && e.peer() == 1, std::string("the error names both ranks: ") + e.what());
+      expect(contains(e.what(), "rank 1 could not create its communicator"), e.what());
+      expect(contains(e.what(), world_size ? "world size 3 here but 2 on rank 0" : "no_such_algorithm"),
+             e.what());
+      expect(ms < std::chrono::duration_cast<std::chrono::milliseconds>(kPrompt).count(),
+             "rank 0 waited " + std::to_string(ms) + " ms");
+    });
+  }
+}
+
 // finalize() waits for every queued call; the results are all there afterwards.
 TEST_CASE_TEMPLATE("lifecycle: finalize waits for pending work", M, InprocThreads, TcpProcesses, ShmProcesses) {
   run_ranks<M>(3, [](int rank, chorus::Options o) {

@@ -1,8 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // rendezvous(): rank and size resolution, stores from init_method, nonce agreement, generations.
-#include "chorus/bootstrap/init_method.hpp"  // the detail:: steps of rendezvous()
-#include "chorus/bootstrap/rendezvous.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -15,6 +12,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "chorus/bootstrap/creation_notice.hpp"
+#include "chorus/bootstrap/init_method.hpp"  // the detail:: steps of rendezvous()
+#include "chorus/bootstrap/rendezvous.hpp"
 
 // This file's own names: the files of tests/unit/ are compiled together (unity build).
 namespace unit_test_rendezvous {
@@ -480,6 +481,54 @@ TEST_CASE("ranks that disagree on the world size, and a missing rank 0") {
   lonely.timeout = 100ms;
   what = error_text([&] { chorus::rendezvous(lonely); }, ErrorCode::timeout);
   CHECK(what.find("rank 0 did not publish the job nonce") != std::string::npos);
+}
+
+// The mismatched rank leaves a notice (bootstrap/creation_notice.hpp): rank 0's waits through its
+// Bootstrap's store, on which its creation waits for rank 1, fail with rank 1's words instead of
+// running to their bound. A rank outside rank 0's world leaves none; a wait that does run out says
+// how long it waited in all.
+TEST_CASE("a rank whose world size differs tells rank 0's waits; a rank outside rank 0's world does not") {
+  std::unique_ptr<ScopedEnv> env(clean_env());
+  auto store = std::make_shared<chorus::MemoryStore>();
+  const Bootstrap b0 = chorus::rendezvous(with_rank(0, 2, store));
+  (void)error_text([&] { chorus::rendezvous(with_rank(1, 3, store)); }, ErrorCode::mismatch);
+  std::string what = error_text([&] { (void)b0.store->get("never/set", 60s); }, ErrorCode::mismatch);
+  CHECK(what.find(
+            "rank 0: peer 1: creation: rank 1 could not create its communicator: chorus mismatch: rank 1: "
+            "rendezvous (generation 1): world size 3 here but 2 on rank 0") != std::string::npos);
+  what = error_text([&] { b0.store->wait({"never/set", "nor/this"}, 60s); }, ErrorCode::mismatch);
+  CHECK(what.find("world size 3 here but 2 on rank 0") != std::string::npos);
+
+  auto other = std::make_shared<chorus::MemoryStore>();
+  const Bootstrap c0 = chorus::rendezvous(with_rank(0, 2, other));
+  (void)error_text([&] { chorus::rendezvous(with_rank(2, 3, other)); }, ErrorCode::mismatch);
+  what = error_text([&] { (void)c0.store->get("never/set", 300ms); }, ErrorCode::timeout);
+  CHECK(what.find("(waited 300 ms in all)") != std::string::npos);
+  c0.store->set("set/now", "v");
+  CHECK(c0.store->get("set/now", 1s) == "v");
+}
+
+TEST_CASE("creation notices: what a rank reads from one, and from a value that is not one") {
+  using chorus::detail::creation_failure_error;
+  const std::string notice =
+      chorus::detail::encode_creation_failure(4, ErrorCode::invalid_argument, "chorus invalid_argument: bad");
+  Error e = creation_failure_error(notice, chorus::ErrorContext{1, -1, "creation"});
+  CHECK(e.code() == ErrorCode::peer_failure);
+  CHECK(e.rank() == 1);
+  CHECK(e.peer() == 4);
+  CHECK(std::string(e.what()) ==
+        "chorus peer_failure: rank 1: peer 4: creation: rank 4 could not create its communicator: chorus "
+        "invalid_argument: bad");
+  e = creation_failure_error(chorus::detail::encode_creation_failure(2, ErrorCode::mismatch, "m"),
+                             chorus::ErrorContext{0, -1, "creation"});
+  CHECK(e.code() == ErrorCode::mismatch);
+  for (const std::string bad : {"", "garbage", "1\n", "x\n3\nm", "1\n99999999999\nm", "-1\n2\nm"}) {
+    CAPTURE(bad);
+    e = creation_failure_error(bad, chorus::ErrorContext{0, -1, "creation"});
+    CHECK(e.code() == ErrorCode::peer_failure);
+    CHECK(e.peer() == -1);
+    CHECK(std::string(e.what()).find("a rank could not create its communicator") != std::string::npos);
+  }
 }
 
 // Two launchers given one MASTER_PORT (two torchrun-style jobs on one host): the first job's

@@ -43,6 +43,11 @@ class Store {
   virtual bool check(const std::vector<std::string>& keys) = 0;
   virtual void set_within(const std::string& key, const std::string& value, Duration) { set(key, value); }
   virtual bool check_within(const std::vector<std::string>& keys, Duration) { return check(keys); }
+  /// Whether a wait that times out leaves the store as it was, so that a long wait may be made of
+  /// short ones (bootstrap/creation_notice.hpp). Not so for a client whose late reply would stay
+  /// in its stream: TorchStore drops its connection on a timeout, and torch's own TCPStore client
+  /// (the python module's store) would read it as the reply to its next request.
+  virtual bool timeouts_are_clean() const { return true; }
 };
 
 /// A view of another store with every key prefixed: sub-communicators and repeated rendezvous
@@ -61,6 +66,7 @@ class PrefixStore final : public Store {
   bool check_within(const std::vector<std::string>& keys, Duration t) override {
     return base_->check_within(prefixed(keys), t);
   }
+  bool timeouts_are_clean() const override { return base_->timeouts_are_clean(); }
   /// The store this one prefixes.
   const std::shared_ptr<Store>& base() const { return base_; }
 

@@ -92,6 +92,7 @@ class TorchStore final : public Store {
   }
 
   bool check(const std::vector<std::string>& keys) override { return check_within(keys, timeout_); }
+  bool timeouts_are_clean() const override { return false; }  // a timeout drops the connection
   bool check_within(const std::vector<std::string>& keys, Duration limit) override {
     const auto ctx = context("check", keys.size() == 1 ? keys.front() : std::string());
     check_count(keys, ctx);

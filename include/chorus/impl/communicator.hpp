@@ -15,24 +15,24 @@
 #include <limits>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "chorus/algo/channel.hpp"
-#include "chorus/algo/plan.hpp"
 #include "chorus/algo/execute.hpp"
-#include "chorus/algo/validate.hpp"
 #include "chorus/algo/intranode/ipc.hpp"
 #include "chorus/algo/intranode/kernel_path.hpp"
 #include "chorus/algo/intranode/one_shot.hpp"
+#include "chorus/algo/plan.hpp"
+#include "chorus/algo/validate.hpp"
+#include "chorus/bootstrap/creation_notice.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/detail/log.hpp"
 #include "chorus/impl/state.hpp"
-#include "chorus/version.hpp"
 
 namespace chorus {
 
@@ -57,40 +57,37 @@ template <class T>
 Communicator<T> Communicator<T>::create(Options options) {
   auto s = std::make_unique<State>();
   s->boot = rendezvous(std::move(options));
-  s->transport = std::make_shared<T>(s->boot);
-  s->group.transport = s->transport.get();
-  s->group.rank = s->boot.rank;
-  s->group.members.resize(static_cast<std::size_t>(s->boot.size));
-  for (int r = 0; r < s->boot.size; ++r) s->group.members[r] = r;
-  algo::PlanInputs& in = s->plan_inputs;
-  in.rank = s->group.rank;
-  in.size = s->group.size();
-  in.model = algo::group_model(*s->transport, s->group);
-  in.overrides = algo::Overrides::from(s->boot.options);
-  s->exchange_layout();
-  in.mailboxes = algo::has_mailboxes(s->group);
-  in.ipc = in.mailboxes && algo::has_ipc(s->group);
-  if (in.ipc) s->ipc_slot_bytes = cuda_ipc::slot_bytes_from_env(s->ctx(-1, "cuda_ipc"));
-  s->kernel_in_process = algo::peers_in_process(s->group);
-  in.kernel = in.ipc || s->kernel_in_process;
-  if (auto v = detail::env_string("CHORUS_BENCH_NO_DESCRIPTORS")) {
-    if (*v != "0" && *v != "1")
-      throw Error(ErrorCode::invalid_argument, "CHORUS_BENCH_NO_DESCRIPTORS='" + *v + "' is not 0 or 1");
-    s->group.descriptors = *v == "0";
+  try {
+    s->transport = std::make_shared<T>(s->boot);
+    s->group.transport = s->transport.get();
+    s->group.rank = s->boot.rank;
+    s->group.members.resize(static_cast<std::size_t>(s->boot.size));
+    for (int r = 0; r < s->boot.size; ++r) s->group.members[r] = r;
+    algo::PlanInputs& in = s->plan_inputs;
+    in.rank = s->group.rank;
+    in.size = s->group.size();
+    in.model = algo::group_model(*s->transport, s->group);
+    in.overrides = algo::Overrides::from(s->boot.options);
+    s->exchange_layout();
+    in.mailboxes = algo::has_mailboxes(s->group);
+    in.ipc = in.mailboxes && algo::has_ipc(s->group);
+    if (in.ipc) s->ipc_slot_bytes = cuda_ipc::slot_bytes_from_env(s->ctx(-1, "cuda_ipc"));
+    s->kernel_in_process = algo::peers_in_process(s->group);
+    in.kernel = in.ipc || s->kernel_in_process;
+    if (auto v = detail::env_string("CHORUS_BENCH_NO_DESCRIPTORS")) {
+      if (*v != "0" && *v != "1")
+        throw Error(ErrorCode::invalid_argument, "CHORUS_BENCH_NO_DESCRIPTORS='" + *v + "' is not 0 or 1");
+      s->group.descriptors = *v == "0";
+    }
+    s->runtime = device::default_runtime();
+    s->make_standby();
+    s->make_recorder();
+    s->watch_for_errors();
+  } catch (const std::exception& e) {
+    publish_creation_failure(s->boot.store.get(), e);  // the others' waits end now (creation_notice.hpp)
+    throw;
   }
-  s->runtime = device::default_runtime();
-  s->make_standby();
-  s->make_recorder();
-  s->watch_for_errors();
-  if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::init))
-    detail::log(detail::LogLevel::info, detail::LogSubsys::init, s->boot.rank, "communicator ready (chorus ", version().string, "): ", s->boot.size,
-                " ranks over ", T::kName, " on ", s->plan_inputs.hosts.describe(), " (local rank ",
-                s->plan_inputs.hosts.local_rank(s->group.rank), " of ", s->plan_inputs.hosts.local_size(s->group.rank), ")",
-                "; device buffers: ",
-                s->plan_inputs.kernel ? (s->kernel_in_process ? "one collective kernel per call, peers' memory read directly (threads of this process)"
-                                                               : "one collective kernel per call, peers' memory read directly (cuda_ipc)")
-                                      : "staged through pinned host memory",
-                "; memory: ", s->memory_stats().to_string());
+  s->log_ready();
   return Communicator(std::move(s));
 }
 

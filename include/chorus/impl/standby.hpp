@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "chorus/bootstrap/creation_notice.hpp"
 #include "chorus/bootstrap/file_store.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/bootstrap/store.hpp"
@@ -132,10 +133,16 @@ struct ShrinkVerdict : Error {
   ShrinkVerdict(const ErrorContext& ctx, const std::string& msg) : Error(ErrorCode::peer_failure, ctx, msg) {}
 };
 
-/// The store under every prefix of `s`.
+/// The store under every prefix (and creation watch) of `s`.
 inline std::shared_ptr<Store> store_root(std::shared_ptr<Store> s) {
-  while (auto* prefixed = dynamic_cast<const PrefixStore*>(s.get())) s = prefixed->base();
-  return s;
+  for (;;) {
+    if (auto* prefixed = dynamic_cast<const PrefixStore*>(s.get()))
+      s = prefixed->base();
+    else if (auto* watched = dynamic_cast<const WatchedStore*>(s.get()))
+      s = watched->base();
+    else
+      return s;
+  }
 }
 
 /// What the agreement decided.

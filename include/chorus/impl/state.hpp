@@ -39,6 +39,7 @@
 #include "chorus/impl/standby.hpp"
 #include "chorus/topology/hosts.hpp"
 #include "chorus/transport/peer_info.hpp"
+#include "chorus/version.hpp"
 
 namespace chorus {
 
@@ -224,6 +225,21 @@ struct Communicator<T>::State {
     m.kernel_area_bytes = kernel_bytes.load(std::memory_order_relaxed);
     if constexpr (TransportWithMemoryBytes<T>) m.transport_bytes = transport->memory_bytes();
     return m;
+  }
+  /// The info line of a communicator made (CHORUS_DEBUG=INFO): what it runs on.
+  void log_ready() const {
+    if (detail::log_enabled(detail::LogLevel::info, detail::LogSubsys::init))
+      detail::log(
+          detail::LogLevel::info, detail::LogSubsys::init, boot.rank, "communicator ready (chorus ",
+          version().string, "): ", boot.size, " ranks over ", T::kName, " on ", plan_inputs.hosts.describe(),
+          " (local rank ", plan_inputs.hosts.local_rank(group.rank), " of ",
+          plan_inputs.hosts.local_size(group.rank), ")", "; device buffers: ",
+          plan_inputs.kernel
+              ? (kernel_in_process
+                     ? "one collective kernel per call, peers' memory read directly (threads of this process)"
+                     : "one collective kernel per call, peers' memory read directly (cuda_ipc)")
+              : "staged through pinned host memory",
+          "; memory: ", memory_stats().to_string());
   }
   /// A collective takes its sequence number and its place in the executor under this lock, so
   /// calls from several threads run one at a time in the order of their numbers.

@@ -40,10 +40,12 @@
 ///      addresses there without colliding with other generations. Bootstrap::options has the
 ///      resolved rank and world size and Options::store = the unprefixed store.
 
+#include <charconv>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "chorus/bootstrap/creation_notice.hpp"
 #include "chorus/bootstrap/init_method.hpp"
 #include "chorus/bootstrap/rendezvous.hpp"
 #include "chorus/detail/crypto.hpp"
@@ -86,16 +88,25 @@ CHORUS_DECL Bootstrap rendezvous(Options options) {
     }
     nonce = detail::nonce_from_hex(hex, ctx);
     const std::string root_size = store->get(prefix + "world_size", options.setup_bound());
-    if (root_size != std::to_string(size))
-      throw Error(ErrorCode::mismatch, ctx,
-                  "world size " + std::to_string(size) + " here but " + root_size + " on rank 0");
+    if (root_size != std::to_string(size)) {
+      const Error e(ErrorCode::mismatch, ctx,
+                    "world size " + std::to_string(size) + " here but " + root_size + " on rank 0");
+      // Rank 0's job waits for this rank: tell it why it will not come (creation_notice.hpp). A
+      // rank outside rank 0's world is not waited for and says nothing.
+      int root_n = 0;
+      const auto parsed = std::from_chars(root_size.data(), root_size.data() + root_size.size(), root_n);
+      if (parsed.ec == std::errc() && rank < root_n)
+        WatchedStore(store, store, prefix + "failed", rank).publish_failure(e);
+      throw e;
+    }
   }
   detail::log(detail::LogLevel::info, detail::LogSubsys::bootstrap, rank, "rendezvous: generation ", gen, ", world size ", size);
 
   Bootstrap b;
   b.rank = rank;
   b.size = size;
-  b.store = std::make_shared<PrefixStore>(prefix + "comm/", store);
+  b.store = std::make_shared<WatchedStore>(std::make_shared<PrefixStore>(prefix + "comm/", store), store,
+                                           prefix + "failed", rank);
   options.rank = rank;
   options.world_size = size;
   options.store = store;
