@@ -28,7 +28,9 @@ struct Options {
   std::string init_method;
   /// An existing store to rendezvous through (ranks as threads, tests); overrides init_method.
   std::shared_ptr<Store> store;
-  /// "auto", "tcp", "shm", "rdma", "cuda_ipc" (CHORUS_TRANSPORT).
+  /// "auto", "tcp", "shm", "rdma", "cuda_ipc" (CHORUS_TRANSPORT). A rank that forces one takes
+  /// it to every peer, and a peer left on "auto" takes it for their pair too; two ranks that force
+  /// different ones both fail with mismatch, naming each other.
   std::string transport = "auto";
   /// Transports that transport "auto" leaves out of its choice per pair (CHORUS_TRANSPORT_DISABLE,
   /// like NCCL_IB_DISABLE, NCCL_SHM_DISABLE, NCCL_P2P_DISABLE): names of kTransportCandidates. A

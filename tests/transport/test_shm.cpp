@@ -447,6 +447,52 @@ TEST_CASE("auto: CHORUS_TRANSPORT_DISABLE on one rank takes shm out of its pairs
   }, process_options());
 }
 
+// transport=tcp on rank 0 only: its pairs go over tcp at both ends (a rank left on auto follows
+// the rank that forces), the others' over shm. Then ranks 0 and 1 force tcp and shm: both fail at
+// creation with mismatch naming the other's value, and rank 2, left on auto and waiting for rank
+// 1's shm listener, fails at once with their words (creation_notice.hpp); before, each waited in
+// its own transport's set-up for the timeout. The three then make a communicator again.
+TEST_CASE(
+    "auto: a transport one rank forces carries its pairs; ranks that force different ones fail at once") {
+  chorus::test::run_processes(
+      3,
+      [](int rank, chorus::Options o) {
+        ::unsetenv("CHORUS_HOST_ID");
+        chorus::Options one = o;
+        if (rank == 0) one.transport = "tcp";
+        auto comm = AutoComm::create(one);
+        for (int p = 0; p < 3; ++p)
+          if (p != rank)
+            expect_eq(std::string(comm.transport().link_kind(p)),
+                      std::string(p == 0 || rank == 0 ? "tcp" : "shm"), "link kind to " + std::to_string(p));
+        std::vector<double> v(70001, double(rank + 1));
+        comm.all_reduce(std::span<double>(v), chorus::ReduceOp::sum);
+        expect_eq(v[70000], 6.0, "all_reduce over shm and tcp");
+
+        chorus::Options two = o;
+        two.transport = rank == 0 ? "tcp" : rank == 1 ? "shm" : "auto";
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto e = expect_error(
+            ErrorCode::mismatch, [&] { (void)AutoComm::create(two); }, "tcp against shm");
+        const auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+                .count();
+        const std::string what = e.what();
+        std::cerr << "rank " << rank << " after " << ms << " ms: " << what << "\n";  // CHORUS_TEST_VERBOSE=1
+        const std::string named = rank == 0 ? "transport=tcp here but transport=shm on rank 1"
+                                            : "transport=shm here but transport=tcp on rank 0";
+        expect(what.find(rank == 2 ? std::string("could not create its communicator") : named) !=
+                   std::string::npos,
+               what);
+        expect(ms < std::chrono::duration_cast<std::chrono::milliseconds>(kPrompt).count(),
+               "failed after " + std::to_string(ms) + " ms (the timeout is far above)");
+
+        auto again = AutoComm::create(o);
+        again.barrier();
+      },
+      process_options());
+}
+
 TEST_CASE("auto: CHORUS_TRANSPORT_DISABLE that leaves a pair nothing, or that disables the forced one, is refused") {
   chorus::test::run_processes(2, [](int rank, chorus::Options o) {
     ::setenv("CHORUS_HOST_ID", rank == 0 ? "host-a" : "host-b", 1);  // shm and cuda_ipc cannot connect them

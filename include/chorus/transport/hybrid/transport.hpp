@@ -258,9 +258,10 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   peers[static_cast<std::size_t>(rank_)] = false;
   // Exchange PeerInfo (every rank, so the decision is the same at both ends of each pair), as one
   // card per rank through store_all_gather (O(n) store requests in all): its disabled candidates,
-  // its host, then the facts of the candidates that publish one, in registry order.
+  // its host, its transport (auto or the forced one), then the facts of the candidates that
+  // publish one, in registry order.
   PeerInfo me{rank_, chorus::detail::host_id(ctx), {}};
-  std::vector<std::string> card{disabled_text, me.host};
+  std::vector<std::string> card{disabled_text, me.host, mode};
   (
       [&] {
         if constexpr (detail::PublishesFact<Ts>) {
@@ -291,15 +292,31 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
         cards[static_cast<std::size_t>(p)], card.size(), "transport: rank " + std::to_string(p) + "'s card");
     const std::string& peer_disabled = theirs[0];
     PeerInfo peer{p, std::move(theirs[1]), {}};
+    const std::string& peer_mode = theirs[2];
     for (std::size_t i = 0; i < me.facts.size(); ++i)
-      peer.facts.emplace_back(me.facts[i].first, std::move(theirs[i + 2]));
+      peer.facts.emplace_back(me.facts[i].first, std::move(theirs[i + 3]));
     const std::array<bool, kCount> can{Ts::can_connect(me, peer)...};
-    std::size_t c = forced;
-    if (forced == kCount) {
-      // What either end disables is out, so both ends choose alike.
-      std::array<bool, kCount> out = disabled;
-      for (const auto& d : chorus::detail::split_list(peer_disabled))
-        for (std::size_t i = 0; i < kCount; ++i) out[i] = out[i] || names[i] == d;
+    // What either end disables is out, so both ends choose alike.
+    std::array<bool, kCount> out = disabled;
+    for (const auto& d : chorus::detail::split_list(peer_disabled))
+      for (std::size_t i = 0; i < kCount; ++i) out[i] = out[i] || names[i] == d;
+    // A transport either end forces carries the pair, so both ends choose alike; two that differ,
+    // or one that either end disables, fail at both ends.
+    std::size_t pair_forced = forced;
+    if (peer_mode != "auto") {
+      const auto f =
+          static_cast<std::size_t>(std::find(names.begin(), names.end(), peer_mode) - names.begin());
+      if (f == kCount || (forced < kCount && forced != f))
+        throw Error(ErrorCode::mismatch, ErrorContext{rank_, p, "transport"},
+                    "transport=" + mode + " here but transport=" + peer_mode + " on rank " +
+                        std::to_string(p) +
+                        " (CHORUS_TRANSPORT): force the same transport on every rank, or none");
+      pair_forced = f;
+    }
+    const std::string forced_how =
+        pair_forced == forced ? std::string() : " (forced by rank " + std::to_string(p) + ")";
+    std::size_t c = pair_forced;
+    if (pair_forced == kCount) {
       c = 0;
       while (c < kCount && !(can[c] && !out[c])) ++c;
       if (c == kCount) {  // the registry's last candidate connects any pair, unless disabled
@@ -312,12 +329,21 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
                         std::to_string(rank_) + ": '" + disabled_text + "', rank " + std::to_string(p) + ": '" +
                         peer_disabled + "')");
       }
-    } else if (!can[forced]) {
+    } else if (out[pair_forced]) {
       throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"},
-                  "transport=" + mode + ", but rank " + std::to_string(p) +
+                  "transport=" + std::string(names[pair_forced]) + forced_how + " for the pair of rank " +
+                      std::to_string(rank_) + " and rank " + std::to_string(p) +
+                      ", but CHORUS_TRANSPORT_DISABLE leaves it out (rank " + std::to_string(rank_) + ": '" +
+                      disabled_text + "', rank " + std::to_string(p) + ": '" + peer_disabled + "')");
+    } else if (!can[pair_forced]) {
+      throw Error(ErrorCode::invalid_argument, ErrorContext{rank_, p, "transport"},
+                  "transport=" + std::string(names[pair_forced]) + forced_how + ", but rank " +
+                      std::to_string(p) +
                       (peer.host != me.host ? " is on another host" : " cannot be reached over it") + " ('" +
-                      peer.host + "', this rank: '" + me.host + "')" + why_not(forced, me, peer) + "; use transport=" +
-                      listed("auto", [&](std::size_t i) { return can[i]; }, " or "));
+                      peer.host + "', this rank: '" + me.host + "')" + why_not(pair_forced, me, peer) +
+                      "; use transport=" +
+                      listed(
+                          "auto", [&](std::size_t i) { return can[i]; }, " or "));
     }
     choice[static_cast<std::size_t>(p)] = c;
   }
