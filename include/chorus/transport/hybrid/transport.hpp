@@ -230,9 +230,13 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
       head += std::string(i + 1 == v.size() ? last : ", ") + std::string(v[i]);
     return head;
   };
+  // A candidate's place in the registry; kCount for a name that is not one.
+  auto index_of = [&](std::string_view name) {
+    return static_cast<std::size_t>(std::find(names.begin(), names.end(), name) - names.begin());
+  };
   std::size_t forced = kCount;  // none: auto
   if (mode != "auto") {
-    forced = static_cast<std::size_t>(std::find(names.begin(), names.end(), mode) - names.begin());
+    forced = index_of(mode);
     if (forced == kCount)
       throw Error(ErrorCode::unsupported, ctx,
                   "transport '" + mode + "' is not available to this communicator (" +
@@ -242,7 +246,7 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
   std::array<bool, kCount> disabled{};
   std::string disabled_text;
   for (const auto& d : b.options.transport_disable) {
-    const auto i = static_cast<std::size_t>(std::find(names.begin(), names.end(), d) - names.begin());
+    const std::size_t i = index_of(d);
     if (i < kCount) disabled[i] = true;
     else if (std::ranges::find(Options::kTransportCandidates, d) == Options::kTransportCandidates.end())
       throw Error(ErrorCode::invalid_argument, ctx, "transport_disable: '" + d + "' is not one of cuda_ipc, shm, rdma, tcp");
@@ -299,13 +303,12 @@ BasicTransport<registry::List<Ts...>>::BasicTransport(const Bootstrap& b, std::v
     // What either end disables is out, so both ends choose alike.
     std::array<bool, kCount> out = disabled;
     for (const auto& d : chorus::detail::split_list(peer_disabled))
-      for (std::size_t i = 0; i < kCount; ++i) out[i] = out[i] || names[i] == d;
+      if (const std::size_t i = index_of(d); i < kCount) out[i] = true;
     // A transport either end forces carries the pair, so both ends choose alike; two that differ,
     // or one that either end disables, fail at both ends.
     std::size_t pair_forced = forced;
     if (peer_mode != "auto") {
-      const auto f =
-          static_cast<std::size_t>(std::find(names.begin(), names.end(), peer_mode) - names.begin());
+      const std::size_t f = index_of(peer_mode);
       if (f == kCount || (forced < kCount && forced != f))
         throw Error(ErrorCode::mismatch, ErrorContext{rank_, p, "transport"},
                     "transport=" + mode + " here but transport=" + peer_mode + " on rank " +
