@@ -63,6 +63,20 @@ inline Error creation_failure_error(const std::string& value, ErrorContext here)
       "rank " + std::to_string(rank) + " could not create its communicator: " + value.substr(nl2 + 1));
 }
 
+/// Sets `key` of `root` to this rank's notice of `e`, unless a notice is there already (the failure
+/// it reports may be this rank's reason). Best effort: a store that does not answer within a
+/// second is left; never throws.
+inline void publish_creation_failure(Store& root, const std::string& key, int rank,
+                                     const std::exception& e) noexcept {
+  try {
+    if (root.check_within({key}, std::chrono::seconds(1))) return;
+    const auto* err = dynamic_cast<const Error*>(&e);
+    root.set_within(key, encode_creation_failure(rank, err ? err->code() : ErrorCode::system, e.what()),
+                    std::chrono::seconds(1));
+  } catch (...) {  // the store is gone too: the others find this rank missing at their timeout
+  }
+}
+
 }  // namespace detail
 
 /// A view of `base` whose waits (get, wait) also watch `failed_key` of `root`: see the top of this
@@ -95,19 +109,9 @@ class WatchedStore final : public Store {
   /// The store this one watches over.
   const std::shared_ptr<Store>& base() const { return base_; }
 
-  /// Tells the other ranks that this rank's creation failed with `e`, unless a notice is there
-  /// already (the failure it reports may be this rank's reason). Best effort: a store that does
-  /// not answer within a second is left; never throws.
+  /// Tells the other ranks that this rank's creation failed with `e` (detail::publish_creation_failure).
   void publish_failure(const std::exception& e) noexcept {
-    try {
-      if (root_->check_within({failed_key_}, std::chrono::seconds(1))) return;
-      const auto* err = dynamic_cast<const Error*>(&e);
-      root_->set_within(
-          failed_key_,
-          detail::encode_creation_failure(rank_, err ? err->code() : ErrorCode::system, e.what()),
-          std::chrono::seconds(1));
-    } catch (...) {  // the store is gone too: the others find this rank missing at their timeout
-    }
+    detail::publish_creation_failure(*root_, failed_key_, rank_, e);
   }
 
  private:

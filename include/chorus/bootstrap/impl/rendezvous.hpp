@@ -96,7 +96,7 @@ CHORUS_DECL Bootstrap rendezvous(Options options) {
       int root_n = 0;
       const auto parsed = std::from_chars(root_size.data(), root_size.data() + root_size.size(), root_n);
       if (parsed.ec == std::errc() && rank < root_n)
-        WatchedStore(store, store, prefix + "failed", rank).publish_failure(e);
+        detail::publish_creation_failure(*store, prefix + "failed", rank, e);
       throw e;
     }
   }
